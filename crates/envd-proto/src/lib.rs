@@ -1,0 +1,25 @@
+//! envd protocol messages shared by the guest agent and the host.
+//!
+//! The `.proto` files under `proto/` carry the same package, message and field
+//! names and numbers as the descriptors in the official E2B SDK, so both the
+//! binary protobuf codec (prost) and the proto3 JSON mapping (pbjson, the
+//! codec the Python SDK speaks) are wire-compatible with it.
+
+/// `process.Process`: start, attach to and signal processes in the guest.
+pub mod process {
+    include!(concat!(env!("OUT_DIR"), "/process.rs"));
+    include!(concat!(env!("OUT_DIR"), "/process.serde.rs"));
+}
+
+/// `filesystem.Filesystem`: stat, list, move, remove and watch paths.
+pub mod filesystem {
+    include!(concat!(env!("OUT_DIR"), "/filesystem.rs"));
+    include!(concat!(env!("OUT_DIR"), "/filesystem.serde.rs"));
+}
+
+/// The envd version the agent reports; the SDK gates features on it (>= 0.6.4
+/// enables all of them).
+pub const ENVD_VERSION: &str = "0.6.4";
+
+/// The TCP port envd listens on inside every guest.
+pub const ENVD_PORT: u16 = 49983;
