@@ -77,7 +77,9 @@ impl FromStr for AccelChoice {
             "" | "auto" => Ok(AccelChoice::Auto),
             "kvm" => Ok(AccelChoice::Kvm),
             "tcg" => Ok(AccelChoice::Tcg),
-            other => Err(format!("accelerator {other:?} is not one of auto, kvm, tcg")),
+            other => Err(format!(
+                "accelerator {other:?} is not one of auto, kvm, tcg"
+            )),
         }
     }
 }

@@ -28,7 +28,9 @@ impl VmmInfo {
         let mut differences = Vec::new();
         let mut cmp = |what: &str, rec: &str, cur: &str| {
             if rec != cur {
-                differences.push(format!("{what}: snapshot has {rec:?}, this host has {cur:?}"));
+                differences.push(format!(
+                    "{what}: snapshot has {rec:?}, this host has {cur:?}"
+                ));
             }
         };
         cmp("kind", &recorded.kind, &self.kind);

@@ -37,7 +37,8 @@ pub struct LaunchSpec {
 pub struct MemoryBacking {
     pub path: PathBuf,
     /// `true`: MAP_SHARED, guest writes land in the file (used to build a
-    /// template). `false`: MAP_PRIVATE copy-on-write of a file that is never
+    /// template; start from a missing or empty file, which QEMU creates
+    /// sparse, or old contents end up in the template). `false`: MAP_PRIVATE copy-on-write of a file that is never
     /// modified, so every VM restored from one template shares its page cache.
     pub shared: bool,
 }
@@ -110,7 +111,10 @@ impl LaunchSpec {
             detail,
         };
         if self.id.is_empty() || self.id.contains(|c: char| c.is_control() || c == '/') {
-            return Err(bad(format!("id {:?} must be non-empty, without '/' or control characters", self.id)));
+            return Err(bad(format!(
+                "id {:?} must be non-empty, without '/' or control characters",
+                self.id
+            )));
         }
         if self.vcpus == 0 {
             return Err(bad("vcpus must be at least 1".into()));
@@ -127,10 +131,16 @@ impl LaunchSpec {
         }
         if let Some(net) = &self.net {
             if net.tap.is_empty() || net.tap.len() > 15 || net.tap.contains([',', '/']) {
-                return Err(bad(format!("tap name {:?} must be 1-15 characters without ',' or '/'", net.tap)));
+                return Err(bad(format!(
+                    "tap name {:?} must be 1-15 characters without ',' or '/'",
+                    net.tap
+                )));
             }
             if !is_mac(&net.mac) {
-                return Err(bad(format!("mac {:?} is not of the form 02:00:00:00:00:01", net.mac)));
+                return Err(bad(format!(
+                    "mac {:?} is not of the form 02:00:00:00:00:01",
+                    net.mac
+                )));
             }
         }
         Ok(())
@@ -139,7 +149,10 @@ impl LaunchSpec {
 
 fn is_mac(s: &str) -> bool {
     let parts: Vec<&str> = s.split(':').collect();
-    parts.len() == 6 && parts.iter().all(|p| p.len() == 2 && p.chars().all(|c| c.is_ascii_hexdigit()))
+    parts.len() == 6
+        && parts
+            .iter()
+            .all(|p| p.len() == 2 && p.chars().all(|c| c.is_ascii_hexdigit()))
 }
 
 #[cfg(test)]

@@ -44,10 +44,17 @@ pub fn build_argv(spec: &LaunchSpec, accel: Accel, machine: &str) -> Vec<OsStrin
     a.pair("-display", "none");
 
     let mut mem = opt(
-        &format!("memory-backend-file,id=mem,size={}M,mem-path=", spec.memory_mib),
+        &format!(
+            "memory-backend-file,id=mem,size={}M,mem-path=",
+            spec.memory_mib
+        ),
         spec.memory.path.as_os_str(),
     );
-    mem.push(if spec.memory.shared { ",share=on" } else { ",share=off" });
+    mem.push(if spec.memory.shared {
+        ",share=on"
+    } else {
+        ",share=off"
+    });
     a.pair("-object", mem);
     a.pair("-numa", "node,memdev=mem");
 
@@ -60,7 +67,10 @@ pub fn build_argv(spec: &LaunchSpec, accel: Accel, machine: &str) -> Vec<OsStrin
     // The UART exists even without a log, so the device set does not depend
     // on whether anyone reads the console.
     if spec.serial_log {
-        a.pair("-chardev", opt("file,id=ser0,path=", spec.serial_log_path().as_os_str()));
+        a.pair(
+            "-chardev",
+            opt("file,id=ser0,path=", spec.serial_log_path().as_os_str()),
+        );
     } else {
         a.pair("-chardev", "null,id=ser0");
     }
@@ -68,24 +78,36 @@ pub fn build_argv(spec: &LaunchSpec, accel: Accel, machine: &str) -> Vec<OsStrin
 
     if let Some(disk) = &spec.disk {
         let mut d = opt("if=none,id=disk0,file=", disk.path.as_os_str());
-        d.push(format!(",format={},cache=writeback,discard=unmap", disk.format.as_str()));
+        d.push(format!(
+            ",format={},cache=writeback,discard=unmap",
+            disk.format.as_str()
+        ));
         if disk.read_only {
             d.push(",readonly=on");
         }
         a.pair("-drive", d);
-        a.pair("-device", format!("virtio-blk-pci,drive=disk0,addr={DISK_ADDR}"));
+        a.pair(
+            "-device",
+            format!("virtio-blk-pci,drive=disk0,addr={DISK_ADDR}"),
+        );
     }
     if let Some(net) = &spec.net {
         a.pair(
             "-netdev",
-            opt("tap,id=net0,script=no,downscript=no,ifname=", OsStr::new(&net.tap)),
+            opt(
+                "tap,id=net0,script=no,downscript=no,ifname=",
+                OsStr::new(&net.tap),
+            ),
         );
         // romfile= (empty): no PXE option ROM; the kernel is loaded directly
         // and the ROM would be one more RAM block in every state file.
         // The MAC is validated as hex pairs: nothing to escape.
         a.pair(
             "-device",
-            format!("virtio-net-pci,netdev=net0,romfile=,addr={NET_ADDR},mac={}", net.mac),
+            format!(
+                "virtio-net-pci,netdev=net0,romfile=,addr={NET_ADDR},mac={}",
+                net.mac
+            ),
         );
     }
     a.pair("-device", format!("virtio-rng-pci,addr={RNG_ADDR}"));
@@ -145,7 +167,10 @@ mod tests {
     }
 
     fn value_of<'a>(argv: &'a [String], flag: &str) -> Vec<&'a str> {
-        argv.windows(2).filter(|w| w[0] == flag).map(|w| w[1].as_str()).collect()
+        argv.windows(2)
+            .filter(|w| w[0] == flag)
+            .map(|w| w[1].as_str())
+            .collect()
     }
 
     #[test]
@@ -164,9 +189,15 @@ mod tests {
         assert_eq!(value_of(&argv, "-kernel"), ["/k/vmlinuz"]);
         assert_eq!(value_of(&argv, "-initrd"), ["/k/initrd"]);
         assert_eq!(value_of(&argv, "-append"), ["console=ttyS0 quiet"]);
-        assert_eq!(value_of(&argv, "-chardev"), ["file,id=ser0,path=/run/siesta/vm1/serial.log"]);
+        assert_eq!(
+            value_of(&argv, "-chardev"),
+            ["file,id=ser0,path=/run/siesta/vm1/serial.log"]
+        );
         assert_eq!(value_of(&argv, "-serial"), ["chardev:ser0"]);
-        assert_eq!(value_of(&argv, "-qmp"), ["unix:/run/siesta/vm1/vmm.sock,server=on,wait=off"]);
+        assert_eq!(
+            value_of(&argv, "-qmp"),
+            ["unix:/run/siesta/vm1/vmm.sock,server=on,wait=off"]
+        );
         assert_eq!(value_of(&argv, "-device"), ["virtio-rng-pci,addr=0x5"]);
         for f in ["-nodefaults", "-no-user-config", "-no-reboot", "-S"] {
             assert!(argv.iter().any(|a| a == f), "{f} missing");
@@ -231,7 +262,10 @@ mod tests {
         s.run_dir = "/r,un".into();
         let argv = strs(&build_argv(&s, Accel::Tcg, "q"));
         assert!(value_of(&argv, "-object")[0].contains("mem-path=/x,,y/mem,,img,share=on"));
-        assert_eq!(value_of(&argv, "-qmp"), ["unix:/r,,un/vmm.sock,server=on,wait=off"]);
+        assert_eq!(
+            value_of(&argv, "-qmp"),
+            ["unix:/r,,un/vmm.sock,server=on,wait=off"]
+        );
         // -kernel and -append take the whole argument: no escaping there.
         s.kernel = "/k,1".into();
         let argv = strs(&build_argv(&s, Accel::Tcg, "q"));

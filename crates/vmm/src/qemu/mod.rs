@@ -22,8 +22,8 @@ use async_trait::async_trait;
 use serde_json::json;
 
 use crate::{
-    Accel, AccelChoice, LaunchMode, LaunchSpec, MemorySave, RestoreInfo, SaveInfo, VmInstance, Vmm, VmmError,
-    VmmInfo,
+    Accel, AccelChoice, LaunchMode, LaunchSpec, MemorySave, RestoreInfo, SaveInfo, VmInstance, Vmm,
+    VmmError, VmmInfo,
 };
 use process::QemuProcess;
 use qmp::{QmpClient, QmpError};
@@ -93,10 +93,13 @@ impl QemuVmm {
 }
 
 fn run_for_output(binary: &Path, args: &[&str]) -> Result<String, VmmError> {
-    let out = Command::new(binary).args(args).output().map_err(|e| VmmError::Binary {
-        binary: binary.to_path_buf(),
-        detail: format!("cannot run with {args:?}: {e}"),
-    })?;
+    let out = Command::new(binary)
+        .args(args)
+        .output()
+        .map_err(|e| VmmError::Binary {
+            binary: binary.to_path_buf(),
+            detail: format!("cannot run with {args:?}: {e}"),
+        })?;
     if !out.status.success() {
         return Err(VmmError::Binary {
             binary: binary.to_path_buf(),
@@ -114,9 +117,14 @@ fn run_for_output(binary: &Path, args: &[&str]) -> Result<String, VmmError> {
 /// `q35   Standard PC (Q35 + ICH9, 2009) (alias of pc-q35-7.2)`.
 /// A name that is not an alias stands for itself.
 fn resolve_alias(help: &str, alias: &str) -> Option<String> {
-    let line = help.lines().find(|l| l.split_whitespace().next() == Some(alias))?;
+    let line = help
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(alias))?;
     match line.rfind("(alias of ") {
-        Some(i) => line[i + "(alias of ".len()..].split(')').next().map(|s| s.trim().to_string()),
+        Some(i) => line[i + "(alias of ".len()..]
+            .split(')')
+            .next()
+            .map(|s| s.trim().to_string()),
         None => Some(alias.to_string()),
     }
 }
@@ -152,7 +160,8 @@ impl Vmm for QemuVmm {
                 });
             }
         }
-        std::fs::create_dir_all(&spec.run_dir).map_err(|e| io("create run directory", &spec.run_dir, e))?;
+        std::fs::create_dir_all(&spec.run_dir)
+            .map_err(|e| io("create run directory", &spec.run_dir, e))?;
         let sock = spec.control_socket_path();
         match std::fs::remove_file(&sock) {
             Ok(()) => {}
@@ -162,12 +171,16 @@ impl Vmm for QemuVmm {
         let argv = cmdline::build_argv(spec, self.info.accel, &self.info.machine);
         tracing::debug!(vm = %spec.id, ?argv, "spawning QEMU");
         let netns = spec.net.as_ref().and_then(|n| n.netns.as_deref());
-        let mut process = QemuProcess::spawn(&spec.id, &self.binary, &argv, netns, &spec.vmm_log_path())?;
+        let mut process =
+            QemuProcess::spawn(&spec.id, &self.binary, &argv, netns, &spec.vmm_log_path())?;
         let stream = process.connect(&sock, QMP_READY_TIMEOUT).await?;
         let qmp = match QmpClient::handshake(stream, QMP_COMMAND_TIMEOUT).await {
             Ok(q) => q,
             Err(source) => {
-                let exited = process.wait_exit(Duration::from_millis(200)).await.is_some();
+                let exited = process
+                    .wait_exit(Duration::from_millis(200))
+                    .await
+                    .is_some();
                 let err = if exited {
                     process.exited_error("QMP handshake")
                 } else {
@@ -219,7 +232,12 @@ impl QemuInstance {
         if e.is_disconnect() || matches!(e, QmpError::Timeout(_)) {
             // The socket closes while the kernel tears the process down; give
             // it a moment to become reapable so the error can say why.
-            if self.process.wait_exit(Duration::from_millis(500)).await.is_some() {
+            if self
+                .process
+                .wait_exit(Duration::from_millis(500))
+                .await
+                .is_some()
+            {
                 return self.process.exited_error(&format!("QMP {command}"));
             }
         }
@@ -271,7 +289,9 @@ impl QemuInstance {
                         op,
                         path: path.to_path_buf(),
                         status: s.to_string(),
-                        detail: info.error_desc.unwrap_or_else(|| "QEMU gave no error-desc".into()),
+                        detail: info
+                            .error_desc
+                            .unwrap_or_else(|| "QEMU gave no error-desc".into()),
                     })
                 }
                 _ => {}
@@ -279,7 +299,11 @@ impl QemuInstance {
             if start.elapsed() > MIGRATION_TIMEOUT {
                 return Err(VmmError::Timeout {
                     id: self.spec.id.clone(),
-                    what: format!("{op} of {} (migration status {:?})", path.display(), info.status),
+                    what: format!(
+                        "{op} of {} (migration status {:?})",
+                        path.display(),
+                        info.status
+                    ),
                     after: MIGRATION_TIMEOUT,
                 });
             }
@@ -291,7 +315,10 @@ impl QemuInstance {
     async fn restore_inner(&mut self, state: &Path) -> Result<RestoreInfo, VmmError> {
         let t0 = Instant::now();
         let file = File::open(state).map_err(|e| self.io("open state file", state, e))?;
-        let state_bytes = file.metadata().map_err(|e| self.io("stat state file", state, e))?.len();
+        let state_bytes = file
+            .metadata()
+            .map_err(|e| self.io("stat state file", state, e))?
+            .len();
         // pread: the descriptor's offset must stay at 0 for QEMU.
         let mut probe = vec![0u8; stream::HEADER_PROBE.min(state_bytes as usize)];
         file.read_exact_at(&mut probe, 0)
@@ -305,7 +332,10 @@ impl QemuInstance {
             return Err(VmmError::StateFile {
                 id: self.spec.id.clone(),
                 path: state.to_path_buf(),
-                detail: format!("saved by machine type {}, this VM is {}", header.machine, self.machine),
+                detail: format!(
+                    "saved by machine type {}, this VM is {}",
+                    header.machine, self.machine
+                ),
             });
         }
         let ignore_shared = header.has_capability(X_IGNORE_SHARED);
@@ -314,10 +344,18 @@ impl QemuInstance {
             "migrate-set-capabilities",
             self.qmp.set_capability(X_IGNORE_SHARED, ignore_shared)
         );
-        qmp!(self, "getfd", self.qmp.getfd("siesta-restore", file.as_fd()));
+        qmp!(
+            self,
+            "getfd",
+            self.qmp.getfd("siesta-restore", file.as_fd())
+        );
         drop(file); // QEMU holds its own copy now.
         let t_load = Instant::now();
-        qmp!(self, "migrate-incoming", self.qmp.migrate_incoming("fd:siesta-restore"));
+        qmp!(
+            self,
+            "migrate-incoming",
+            self.qmp.migrate_incoming("fd:siesta-restore")
+        );
         self.wait_migration("restore", state).await?;
         let load = t_load.elapsed();
         let st = qmp!(self, "query-status", self.qmp.query_status());
@@ -342,7 +380,12 @@ impl QemuInstance {
         })
     }
 
-    async fn save_inner(&mut self, state: &Path, memory: MemorySave, file: &File) -> Result<SaveInfo, VmmError> {
+    async fn save_inner(
+        &mut self,
+        state: &Path,
+        memory: MemorySave,
+        file: &File,
+    ) -> Result<SaveInfo, VmmError> {
         let t0 = Instant::now();
         let st = qmp!(self, "query-status", self.qmp.query_status());
         if st.running {
@@ -369,7 +412,8 @@ impl QemuInstance {
         let write = t_write.elapsed();
 
         let t_sync = Instant::now();
-        file.sync_all().map_err(|e| self.io("fsync state file", state, e))?;
+        file.sync_all()
+            .map_err(|e| self.io("fsync state file", state, e))?;
         if ignore_shared {
             // The guest's RAM is the snapshot's other half: make it durable
             // too. fsync on any descriptor flushes the file's dirty pages.
@@ -384,7 +428,10 @@ impl QemuInstance {
                 .map_err(|e| self.io("fsync directory of state file", dir, e))?;
         }
         let sync = t_sync.elapsed();
-        let state_bytes = file.metadata().map_err(|e| self.io("stat state file", state, e))?.len();
+        let state_bytes = file
+            .metadata()
+            .map_err(|e| self.io("stat state file", state, e))?
+            .len();
         Ok(SaveInfo {
             state_bytes,
             write,
@@ -420,7 +467,10 @@ impl VmInstance for QemuInstance {
     async fn restore(&mut self, state: &Path) -> Result<RestoreInfo, VmmError> {
         self.check_usable("restore")?;
         if self.spec.mode != LaunchMode::Incoming {
-            return Err(self.invalid("restore", "spawned in boot mode; spawn with LaunchMode::Incoming".into()));
+            return Err(self.invalid(
+                "restore",
+                "spawned in boot mode; spawn with LaunchMode::Incoming".into(),
+            ));
         }
         if self.started {
             return Err(self.invalid("restore", "a state was already loaded".into()));

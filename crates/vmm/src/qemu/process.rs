@@ -48,7 +48,9 @@ impl QemuProcess {
             source,
         };
         let out = File::create(log).map_err(|e| io_err("create VMM log", log, e))?;
-        let err = out.try_clone().map_err(|e| io_err("duplicate VMM log handle", log, e))?;
+        let err = out
+            .try_clone()
+            .map_err(|e| io_err("duplicate VMM log handle", log, e))?;
         let ns = match netns {
             Some(p) => Some(File::open(p).map_err(|e| io_err("open network namespace", p, e))?),
             None => None,
@@ -136,7 +138,11 @@ impl QemuProcess {
 
     /// The last few KiB of QEMU's stdout/stderr.
     pub fn log_tail(&self) -> String {
-        read_tail(&self.log, LOG_TAIL_BYTES).unwrap_or_else(|e| format!("<cannot read {}: {e}>", self.log.display()))
+        match read_tail(&self.log, LOG_TAIL_BYTES) {
+            Ok(t) if t.is_empty() => "(empty)".into(),
+            Ok(t) => t,
+            Err(e) => format!("<cannot read {}: {e}>", self.log.display()),
+        }
     }
 
     /// The error for "QEMU is gone", with its exit status and log tail.
@@ -145,7 +151,10 @@ impl QemuProcess {
             id: self.id.clone(),
             pid: self.pid(),
             during: during.to_string(),
-            status: self.exit.map(describe_status).unwrap_or_else(|| "still running".into()),
+            status: self
+                .exit
+                .map(describe_status)
+                .unwrap_or_else(|| "still running".into()),
             log: self.log.clone(),
             log_tail: self.log_tail(),
         }
@@ -154,7 +163,11 @@ impl QemuProcess {
     /// Connects to QEMU's QMP socket once QEMU has created it. Fails early,
     /// with QEMU's own message, if QEMU exits instead (bad option, missing
     /// file, ...), and kills it if the socket never appears.
-    pub async fn connect(&mut self, socket: &Path, timeout: Duration) -> Result<UnixStream, VmmError> {
+    pub async fn connect(
+        &mut self,
+        socket: &Path,
+        timeout: Duration,
+    ) -> Result<UnixStream, VmmError> {
         let start = Instant::now();
         loop {
             if self.try_exit().is_some() {
@@ -163,7 +176,11 @@ impl QemuProcess {
             match UnixStream::connect(socket).await {
                 Ok(s) => return Ok(s),
                 // Not created yet, or created but not listening yet.
-                Err(e) if matches!(e.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused) => {}
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+                    ) => {}
                 Err(source) => {
                     self.kill_and_reap().await;
                     return Err(VmmError::Io {
@@ -178,7 +195,11 @@ impl QemuProcess {
                 self.kill_and_reap().await;
                 return Err(VmmError::Timeout {
                     id: self.id.clone(),
-                    what: format!("QMP socket {} (QEMU log: {})", socket.display(), self.log_tail()),
+                    what: format!(
+                        "QMP socket {} (QEMU log: {})",
+                        socket.display(),
+                        self.log_tail()
+                    ),
                     after: timeout,
                 });
             }
@@ -227,11 +248,20 @@ mod tests {
     async fn early_exit_is_reported_with_the_log() {
         let d = tempfile::tempdir().unwrap();
         let log = d.path().join("vmm.log");
-        let argv: Vec<OsString> = vec!["-c".into(), "echo 'qemu: bad option -foo' >&2; exit 3".into()];
+        let argv: Vec<OsString> = vec![
+            "-c".into(),
+            "echo 'qemu: bad option -foo' >&2; exit 3".into(),
+        ];
         let mut p = QemuProcess::spawn("vm9", Path::new("/bin/sh"), &argv, None, &log).unwrap();
-        let e = p.connect(&d.path().join("nope.sock"), Duration::from_secs(5)).await.unwrap_err();
+        let e = p
+            .connect(&d.path().join("nope.sock"), Duration::from_secs(5))
+            .await
+            .unwrap_err();
         let msg = e.to_string();
-        assert!(msg.contains("vm9") && msg.contains("exit code 3") && msg.contains("bad option -foo"), "{msg}");
+        assert!(
+            msg.contains("vm9") && msg.contains("exit code 3") && msg.contains("bad option -foo"),
+            "{msg}"
+        );
         assert!(p.try_exit().is_some());
     }
 
@@ -241,7 +271,10 @@ mod tests {
         let log = d.path().join("vmm.log");
         let argv: Vec<OsString> = vec!["-c".into(), "exec sleep 30".into()];
         let mut p = QemuProcess::spawn("vm8", Path::new("/bin/sh"), &argv, None, &log).unwrap();
-        let e = p.connect(&d.path().join("nope.sock"), Duration::from_millis(100)).await.unwrap_err();
+        let e = p
+            .connect(&d.path().join("nope.sock"), Duration::from_millis(100))
+            .await
+            .unwrap_err();
         assert!(matches!(e, VmmError::Timeout { .. }), "{e}");
         let st = p.try_exit().expect("reaped");
         assert_eq!(st.signal(), Some(libc::SIGKILL));
@@ -251,11 +284,18 @@ mod tests {
     fn spawn_failure_names_the_binary_and_netns() {
         let d = tempfile::tempdir().unwrap();
         let log = d.path().join("vmm.log");
-        let Err(e) = QemuProcess::spawn("vm7", Path::new("/nonexistent/qemu"), &[], None, &log) else {
+        let Err(e) = QemuProcess::spawn("vm7", Path::new("/nonexistent/qemu"), &[], None, &log)
+        else {
             panic!("spawned a missing binary")
         };
         assert!(e.to_string().contains("/nonexistent/qemu"), "{e}");
-        let Err(e) = QemuProcess::spawn("vm7", Path::new("/bin/true"), &[], Some(&d.path().join("ns")), &log) else {
+        let Err(e) = QemuProcess::spawn(
+            "vm7",
+            Path::new("/bin/true"),
+            &[],
+            Some(&d.path().join("ns")),
+            &log,
+        ) else {
             panic!("missing netns accepted")
         };
         assert!(e.to_string().contains("network namespace"), "{e}");

@@ -58,15 +58,30 @@ pub struct QmpEvent {
 /// One parsed line from QEMU.
 #[derive(Debug, Clone, PartialEq)]
 pub enum QmpMessage {
-    Greeting { version: Value },
-    Return { id: Option<Value>, value: Value },
-    Error { id: Option<Value>, class: String, desc: String },
+    Greeting {
+        version: Value,
+    },
+    Return {
+        id: Option<Value>,
+        value: Value,
+    },
+    Error {
+        id: Option<Value>,
+        class: String,
+        desc: String,
+    },
     Event(QmpEvent),
 }
 
 /// Parses one QMP line.
 pub fn parse_message(line: &[u8]) -> Result<QmpMessage, QmpError> {
-    let raw = || String::from_utf8_lossy(line).trim_end().chars().take(500).collect::<String>();
+    let raw = || {
+        String::from_utf8_lossy(line)
+            .trim_end()
+            .chars()
+            .take(500)
+            .collect::<String>()
+    };
     let v: Value = serde_json::from_slice(line).map_err(|e| QmpError::Protocol {
         detail: format!("invalid JSON: {e}"),
         raw: raw(),
@@ -155,13 +170,18 @@ impl QmpClient {
                 })
             }
         }
-        c.execute::<serde::de::IgnoredAny>("qmp_capabilities", None).await?;
+        c.execute::<serde::de::IgnoredAny>("qmp_capabilities", None)
+            .await?;
         Ok(c)
     }
 
     /// Runs `cmd` with optional `args` and decodes its `return` value as `R`
     /// (use [`serde::de::IgnoredAny`] when there is nothing to read).
-    pub async fn execute<R: DeserializeOwned>(&mut self, cmd: &str, args: Option<Value>) -> Result<R, QmpError> {
+    pub async fn execute<R: DeserializeOwned>(
+        &mut self,
+        cmd: &str,
+        args: Option<Value>,
+    ) -> Result<R, QmpError> {
         self.execute_inner(cmd, args, None).await
     }
 
@@ -219,7 +239,8 @@ impl QmpClient {
             .async_io(Interest::WRITABLE, || {
                 let iov = [IoSlice::new(bytes)];
                 let cmsg = [ControlMessage::ScmRights(&fds)];
-                sendmsg::<()>(sock, &iov, &cmsg, MsgFlags::MSG_NOSIGNAL, None).map_err(io::Error::from)
+                sendmsg::<()>(sock, &iov, &cmsg, MsgFlags::MSG_NOSIGNAL, None)
+                    .map_err(io::Error::from)
             })
             .await?;
         if sent < bytes.len() {
@@ -234,9 +255,11 @@ impl QmpClient {
             let ours = |rid: &Option<Value>| rid.as_ref().and_then(Value::as_u64) == Some(id);
             match msg {
                 QmpMessage::Return { id: rid, value } if ours(&rid) => return Ok(value),
-                QmpMessage::Error { id: rid, class, desc } if ours(&rid) => {
-                    return Err(QmpError::Command { class, desc })
-                }
+                QmpMessage::Error {
+                    id: rid,
+                    class,
+                    desc,
+                } if ours(&rid) => return Err(QmpError::Command { class, desc }),
                 QmpMessage::Event(e) => self.push_event(e),
                 // A late reply to an earlier, timed-out command.
                 QmpMessage::Return { .. } | QmpMessage::Error { .. } => {}
@@ -288,11 +311,15 @@ impl QmpClient {
     // Typed wrappers for the commands siesta uses.
 
     pub async fn stop(&mut self) -> Result<(), QmpError> {
-        self.execute::<serde::de::IgnoredAny>("stop", None).await.map(drop)
+        self.execute::<serde::de::IgnoredAny>("stop", None)
+            .await
+            .map(drop)
     }
 
     pub async fn cont(&mut self) -> Result<(), QmpError> {
-        self.execute::<serde::de::IgnoredAny>("cont", None).await.map(drop)
+        self.execute::<serde::de::IgnoredAny>("cont", None)
+            .await
+            .map(drop)
     }
 
     pub async fn query_status(&mut self) -> Result<StatusInfo, QmpError> {

@@ -17,7 +17,9 @@ fn parses_every_message_kind() {
         QmpMessage::Greeting { version } => assert_eq!(version["qemu"]["major"], 7),
         m => panic!("{m:?}"),
     }
-    let r = parse_message(b"{\"return\": {\"status\": \"paused\", \"running\": false}, \"id\": 7}\r\n").unwrap();
+    let r =
+        parse_message(b"{\"return\": {\"status\": \"paused\", \"running\": false}, \"id\": 7}\r\n")
+            .unwrap();
     assert_eq!(
         r,
         QmpMessage::Return {
@@ -25,7 +27,9 @@ fn parses_every_message_kind() {
             value: json!({"status": "paused", "running": false})
         }
     );
-    let e = parse_message(br#"{"id": 3, "error": {"class": "GenericError", "desc": "no migration"}}"#).unwrap();
+    let e =
+        parse_message(br#"{"id": 3, "error": {"class": "GenericError", "desc": "no migration"}}"#)
+            .unwrap();
     assert_eq!(
         e,
         QmpMessage::Error {
@@ -58,7 +62,9 @@ fn decodes_typed_replies() {
     assert_eq!(m.error_desc.as_deref(), Some("Unable to write"));
     let empty: MigrationInfo = serde_json::from_value(json!({})).unwrap();
     assert!(empty.status.is_none());
-    let s: StatusInfo = serde_json::from_value(json!({"status": "running", "running": true, "singlestep": false})).unwrap();
+    let s: StatusInfo =
+        serde_json::from_value(json!({"status": "running", "running": true, "singlestep": false}))
+            .unwrap();
     assert!(s.running);
 }
 
@@ -129,25 +135,33 @@ async fn matches_replies_by_id_and_queues_events() {
         assert_eq!(req["execute"], "query-status");
         let id = &req["id"];
         // An event, a stale reply and a blank line come before the answer.
-        peer.send(r#"{"event": "STOP", "data": {}, "timestamp": {"seconds": 0, "microseconds": 0}}"#);
+        peer.send(
+            r#"{"event": "STOP", "data": {}, "timestamp": {"seconds": 0, "microseconds": 0}}"#,
+        );
         peer.send(r#"{"return": {"status": "running", "running": true}, "id": 999}"#);
         peer.sock.write_all(b"\r\n").unwrap();
         // The reply in two pieces, as a slow socket may deliver it.
-        let reply = format!(r#"{{"return": {{"status": "paused", "running": false}}, "id": {id}}}"#);
+        let reply =
+            format!(r#"{{"return": {{"status": "paused", "running": false}}, "id": {id}}}"#);
         let (a, b) = reply.split_at(10);
         peer.sock.write_all(a.as_bytes()).unwrap();
         std::thread::sleep(Duration::from_millis(20));
         peer.send(b);
         let (req, _) = peer.recv();
         assert_eq!(req["execute"], "migrate-set-capabilities");
-        assert_eq!(req["arguments"]["capabilities"][0]["capability"], "x-ignore-shared");
+        assert_eq!(
+            req["arguments"]["capabilities"][0]["capability"],
+            "x-ignore-shared"
+        );
         peer.send(&format!(
             r#"{{"error": {{"class": "GenericError", "desc": "There's a migration process in progress"}}, "id": {}}}"#,
             req["id"]
         ));
         // Then QEMU goes away.
     });
-    let mut c = QmpClient::handshake(sock, Duration::from_secs(5)).await.unwrap();
+    let mut c = QmpClient::handshake(sock, Duration::from_secs(5))
+        .await
+        .unwrap();
     assert_eq!(c.version["qemu"]["major"], 7);
     let st = c.query_status().await.unwrap();
     assert_eq!(st.status, "paused");
@@ -155,7 +169,10 @@ async fn matches_replies_by_id_and_queues_events() {
     assert_eq!(ev.len(), 1);
     assert_eq!(ev[0].event, "STOP");
     let e = c.set_capability("x-ignore-shared", true).await.unwrap_err();
-    assert!(matches!(&e, QmpError::Command { desc, .. } if desc.contains("in progress")), "{e}");
+    assert!(
+        matches!(&e, QmpError::Command { desc, .. } if desc.contains("in progress")),
+        "{e}"
+    );
     server.join().unwrap();
     let e = c.cont().await.unwrap_err();
     assert!(e.is_disconnect(), "{e}");
@@ -169,7 +186,9 @@ async fn times_out_when_qemu_does_not_answer() {
         let _ = peer.recv();
         peer // keep the socket open, never answer
     });
-    let mut c = QmpClient::handshake(sock, Duration::from_millis(200)).await.unwrap();
+    let mut c = QmpClient::handshake(sock, Duration::from_millis(200))
+        .await
+        .unwrap();
     let e = c.stop().await.unwrap_err();
     assert!(matches!(e, QmpError::Timeout(_)), "{e}");
     drop(server.join().unwrap());
@@ -189,7 +208,9 @@ async fn getfd_passes_a_working_descriptor() {
         assert_eq!(fds.len(), 1, "exactly one descriptor with getfd");
         // Read through the received descriptor: it is the same open file.
         let mut got = String::new();
-        std::fs::File::from(fds.into_iter().next().unwrap()).read_to_string(&mut got).unwrap();
+        std::fs::File::from(fds.into_iter().next().unwrap())
+            .read_to_string(&mut got)
+            .unwrap();
         peer.send(&format!(r#"{{"return": {{}}, "id": {}}}"#, req["id"]));
         // A plain command afterwards carries no descriptor.
         let (req, fds) = peer.recv();
@@ -197,7 +218,9 @@ async fn getfd_passes_a_working_descriptor() {
         peer.send(&format!(r#"{{"return": {{}}, "id": {}}}"#, req["id"]));
         got
     });
-    let mut c = QmpClient::handshake(sock, Duration::from_secs(5)).await.unwrap();
+    let mut c = QmpClient::handshake(sock, Duration::from_secs(5))
+        .await
+        .unwrap();
     c.getfd("incoming", file.as_fd()).await.unwrap();
     c.migrate_incoming("fd:incoming").await.unwrap();
     assert_eq!(server.join().unwrap(), "state-bytes");

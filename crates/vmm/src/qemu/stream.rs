@@ -42,11 +42,15 @@ pub fn parse_header(buf: &[u8]) -> Result<StreamHeader, String> {
     let mut r = Reader { buf, pos: 0 };
     let magic = r.be32()?;
     if magic != MAGIC {
-        return Err(format!("not a QEMU migration stream (magic {magic:#010x}, expected QEVM)"));
+        return Err(format!(
+            "not a QEMU migration stream (magic {magic:#010x}, expected QEVM)"
+        ));
     }
     let version = r.be32()?;
     if version != VERSION {
-        return Err(format!("migration stream version {version}, expected {VERSION}"));
+        return Err(format!(
+            "migration stream version {version}, expected {VERSION}"
+        ));
     }
     if r.u8()? != SECTION_CONFIGURATION {
         return Err("no configuration section after the stream header".into());
@@ -77,7 +81,10 @@ pub fn parse_header(buf: &[u8]) -> Result<StreamHeader, String> {
             other => return Err(format!("unknown configuration subsection {other:?}")),
         }
     }
-    Ok(StreamHeader { machine, capabilities })
+    Ok(StreamHeader {
+        machine,
+        capabilities,
+    })
 }
 
 struct Reader<'a> {
@@ -151,7 +158,9 @@ mod tests {
 
     #[test]
     fn rejects_garbage_and_truncation() {
-        assert!(parse_header(b"garbage!garbage!").unwrap_err().contains("not a QEMU migration stream"));
+        assert!(parse_header(b"garbage!garbage!")
+            .unwrap_err()
+            .contains("not a QEMU migration stream"));
         assert!(parse_header(b"QE").unwrap_err().contains("truncated"));
         let h = header(&["x-ignore-shared"]);
         assert!(parse_header(&h[..30]).unwrap_err().contains("truncated"));
