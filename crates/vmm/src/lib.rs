@@ -45,7 +45,8 @@ pub trait Vmm: Send + Sync {
 pub enum MemorySave {
     /// RAM stays in the VM's shared (`MemoryBacking::shared == true`) backing
     /// file, which is flushed to disk; the state file holds device state only.
-    /// This is how a template is made.
+    /// This is how a template is made. Do not resume that VM afterwards:
+    /// its writes would change the file under every VM restored from it.
     InBackingFile,
     /// Every guest RAM page is written into the state file. Needed when the
     /// VM's RAM is a private copy-on-write mapping: its written pages exist
