@@ -87,3 +87,31 @@ fn render(program: &str, args: &[&str]) -> String {
     }
     s
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn failure_names_scope_command_and_stderr() {
+        let err = run(
+            "slot 3 (siesta-t-3)",
+            "sh",
+            &["-c", "echo boom >&2; exit 3"],
+            None,
+        )
+        .await
+        .unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.starts_with("slot 3 (siesta-t-3): `sh -c echo boom >&2; exit 3` failed"));
+        assert!(msg.ends_with(": boom"), "{msg}");
+        let missing = run("pool t", "/nonexistent/ip", &[], None)
+            .await
+            .unwrap_err();
+        assert!(matches!(missing, NetError::Spawn { .. }), "{missing}");
+        let out = run("pool t", "cat", &[], Some("table ip x\n"))
+            .await
+            .unwrap();
+        assert_eq!(out, "table ip x\n");
+    }
+}
