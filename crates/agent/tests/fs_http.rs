@@ -386,3 +386,57 @@ async fn metadata_headers_become_xattrs() {
         Some("test")
     );
 }
+
+/// The filesystem service through the Connect JSON codec, as the SDK calls it.
+#[tokio::test]
+async fn filesystem_rpcs_over_connect_json() {
+    let g = Guest::start().await;
+    std::fs::write(g.home().join("f.txt"), b"12345").unwrap();
+    let call = |method: &str, body: serde_json::Value| {
+        g.http
+            .post(g.url(&format!("/filesystem.Filesystem/{method}")))
+            .header("content-type", "application/json")
+            .header("connect-protocol-version", "1")
+            .json(&body)
+            .send()
+    };
+    let r = call("Stat", serde_json::json!({"path": "f.txt"}))
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let v: serde_json::Value = r.json().await.unwrap();
+    let e = &v["entry"];
+    assert_eq!(e["name"], "f.txt");
+    assert_eq!(e["type"], "FILE_TYPE_FILE");
+    assert_eq!(e["size"], "5");
+    assert!(e["permissions"].as_str().unwrap().starts_with('-'));
+    assert!(e["modifiedTime"].is_string());
+
+    let r = call("MakeDir", serde_json::json!({"path": "d"}))
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let r = call("MakeDir", serde_json::json!({"path": "d"}))
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 409);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["code"], "already_exists");
+    let r = call("Stat", serde_json::json!({"path": "missing"}))
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 404);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["code"], "not_found");
+    let r = call("ListDir", serde_json::json!({"path": "", "depth": 1}))
+        .await
+        .unwrap();
+    let v: serde_json::Value = r.json().await.unwrap();
+    let names: Vec<&str> = v["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["d", "f.txt"]);
+}
