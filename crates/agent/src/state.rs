@@ -5,6 +5,8 @@ use std::sync::Arc;
 
 use tokio::sync::RwLock;
 
+use crate::filesystem::FilesystemService;
+use crate::process::ProcessService;
 use crate::users::UserDb;
 
 /// What `POST /init` sets: the defaults every later request inherits.
@@ -26,6 +28,22 @@ pub struct Defaults {
 pub struct AgentState {
     pub defaults: Arc<RwLock<Defaults>>,
     pub users: Arc<UserDb>,
-    // Helpers add their tables here: the process table (process service) and
-    // the watcher table (filesystem service).
+    /// The `filesystem.Filesystem` service and its watcher table.
+    pub filesystem: Arc<FilesystemService>,
+    /// The `process.Process` service and its process table.
+    pub processes: Arc<ProcessService>,
+}
+
+impl AgentState {
+    /// Fresh state: no `/init` yet (no token, user `root`), no processes.
+    pub fn new(users: UserDb) -> Self {
+        let users = Arc::new(users);
+        let defaults = Arc::new(RwLock::new(Defaults::default()));
+        Self {
+            filesystem: Arc::new(FilesystemService::new(users.clone())),
+            processes: Arc::new(ProcessService::new(users.clone(), defaults.clone())),
+            defaults,
+            users,
+        }
+    }
 }
