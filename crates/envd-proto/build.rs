@@ -24,6 +24,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let descriptor_set = std::fs::read(&descriptor_path)?;
     pbjson_build::Builder::new()
         .register_descriptors(&descriptor_set)?
+        // The SDK decodes with ignore_unknown_fields; the agent must be as
+        // lenient with newer clients that send fields it does not know.
+        .ignore_unknown_fields()
         .build(&[".process", ".filesystem"])?;
     Ok(())
 }
