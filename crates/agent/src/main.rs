@@ -26,6 +26,8 @@ fn main() -> anyhow::Result<()> {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        // Plain text in the guest's console log and in tests that read it.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
 
     let listen = args.listen;
@@ -42,7 +44,13 @@ fn main() -> anyhow::Result<()> {
 /// after boot or resume.
 async fn serve(listen: SocketAddr) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(listen).await?;
-    tracing::info!(%listen, version = siesta_envd_proto::ENVD_VERSION, "agent listening");
+    // The bound address (not the requested one): with port 0, tests read the
+    // port from this line.
+    let addr = listener.local_addr()?;
+    tracing::info!(
+        version = siesta_envd_proto::ENVD_VERSION,
+        "agent listening on {addr}"
+    );
     siesta_agent::serve(listener, AgentState::new(UserDb::default())).await?;
     Ok(())
 }
