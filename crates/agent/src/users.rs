@@ -48,7 +48,11 @@ impl UserDb {
     pub fn user_name(&self, uid: u32) -> String {
         read(&self.passwd)
             .ok()
-            .and_then(|t| t.lines().filter_map(parse_passwd_line).find(|u| u.uid == uid))
+            .and_then(|t| {
+                t.lines()
+                    .filter_map(parse_passwd_line)
+                    .find(|u| u.uid == uid)
+            })
             .map(|u| u.name)
             .unwrap_or_else(|| uid.to_string())
     }
@@ -111,11 +115,18 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let passwd = dir.path().join("passwd");
         let group = dir.path().join("group");
-        std::fs::write(&passwd, "root:x:0:0:root:/root:/bin/bash\nuser:x:1000:1000::/home/user:/bin/bash\n").unwrap();
+        std::fs::write(
+            &passwd,
+            "root:x:0:0:root:/root:/bin/bash\nuser:x:1000:1000::/home/user:/bin/bash\n",
+        )
+        .unwrap();
         std::fs::write(&group, "root:x:0:\nsudo:x:27:user\nuser:x:1000:\n").unwrap();
         let db = UserDb { passwd, group };
         let u = db.lookup("user").unwrap();
-        assert_eq!((u.uid, u.gid, u.home.as_path()), (1000, 1000, Path::new("/home/user")));
+        assert_eq!(
+            (u.uid, u.gid, u.home.as_path()),
+            (1000, 1000, Path::new("/home/user"))
+        );
         assert_eq!(db.lookup("nobody").unwrap_err().code, Code::InvalidArgument);
         assert_eq!(db.group_name(27), "sudo");
         assert_eq!(db.user_name(4242), "4242");
