@@ -1,1 +1,67 @@
-fn main() {}
+//! `siesta`: the command line of a siesta node.
+//!
+//! `serve` runs the node's server; `template` builds and lists templates on
+//! this machine; `sandbox` talks to the running server; `bench` measures.
+
+mod bench;
+mod client;
+mod serve;
+mod stats;
+mod template;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "siesta", version, about = "Snapshot-first microVM sandboxes")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the node's server (E2B-compatible API).
+    Serve(serve::ServeArgs),
+    /// Build and list templates.
+    #[command(subcommand)]
+    Template(template::TemplateCommand),
+    /// Create, inspect, pause, resume and kill sandboxes (through the server).
+    #[command(subcommand)]
+    Sandbox(client::SandboxCommand),
+    /// Measure resume latency and the guest agent.
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
+}
+
+fn main() -> std::process::ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("SIESTA_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("siesta: cannot start the async runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Serve(args) => serve::run(args).await,
+            Command::Template(cmd) => template::run(cmd).await,
+            Command::Sandbox(cmd) => client::run(cmd).await,
+            Command::Bench(cmd) => bench::run(cmd).await,
+        }
+    });
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("siesta: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -1,1 +1,26 @@
+//! siesta-sandbox: templates and sandboxes.
+//!
+//! A template is a booted, ready VM frozen to disk ([`template`]); a sandbox
+//! is born by resuming it ([`resume`], whose stages are timed in
+//! [`stages`]); pre-spawned VMMs wait in the [`pool`]. [`manager`] ties them
+//! together for the CLI and the server. The VMM and the network come from
+//! `siesta-vmm` and `siesta-net`, held by the [`node`].
 
+pub mod config;
+pub mod envd;
+pub mod error;
+pub mod ids;
+pub mod layout;
+pub mod manager;
+pub mod node;
+pub mod pool;
+pub mod resume;
+pub mod rootfs;
+pub mod sandbox;
+pub mod stages;
+pub mod template;
+
+pub use config::NodeConfig;
+pub use error::{Error, Result};
+pub use manager::{CreateRequest, SandboxManager};
+pub use node::Node;

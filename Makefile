@@ -1,0 +1,48 @@
+# siesta: the two commands that set up a machine.
+#   make up    installs what is missing, builds, prepares guest assets and the
+#              `base` template, then starts the server.
+#   make test  the same preparation, then every check CI runs.
+# Guest assets and templates are cached under $(SIESTA_HOME).
+
+SIESTA_HOME ?= /var/lib/siesta
+LISTEN ?= 127.0.0.1:3000
+export SIESTA_HOME
+
+AGENT_TARGET := x86_64-unknown-linux-gnu
+AGENT_BIN := target/$(AGENT_TARGET)/release/siesta-agent
+SIESTA := target/release/siesta
+
+.PHONY: up test deps build agent assets template lint unit-test vm-test clean-assets
+
+up: deps build assets template
+	$(SIESTA) serve --listen $(LISTEN)
+
+test: deps build assets lint unit-test
+
+deps:
+	./scripts/install-deps.sh
+
+# The agent runs inside guests of any libc: link it statically.
+agent:
+	RUSTFLAGS="-C target-feature=+crt-static" cargo build --release -p siesta-agent --target $(AGENT_TARGET)
+
+build: agent
+	cargo build --release -p siesta
+
+assets: agent
+	AGENT_BIN=$(abspath $(AGENT_BIN)) ./guest/build-assets.sh
+
+template: build assets
+	$(SIESTA) template build base --if-missing
+
+lint:
+	cargo fmt --all -- --check
+	cargo clippy --workspace --all-targets -- -D warnings
+
+# Unit and integration tests, including the ones that boot real VMs under
+# QEMU (they use the assets built above and clean up after themselves).
+unit-test:
+	SIESTA_AGENT_BIN=$(abspath $(AGENT_BIN)) cargo test --workspace --release -- --test-threads=2
+
+clean-assets:
+	rm -rf $(SIESTA_HOME)/assets

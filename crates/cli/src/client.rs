@@ -1,0 +1,182 @@
+//! `siesta sandbox ...`: talks to the running server's API.
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use anyhow::{bail, Context};
+use serde_json::{json, Value};
+use siesta_sandbox::envd::EnvdClient;
+
+#[derive(clap::Subcommand)]
+pub enum SandboxCommand {
+    /// Resume a new sandbox from a template.
+    Create {
+        #[arg(long, default_value = "base")]
+        template: String,
+    },
+    /// List sandboxes.
+    List,
+    /// Run a command in a sandbox, streaming its output; exits with its code.
+    Exec {
+        id: String,
+        /// Run as this user (default: the sandbox's default user).
+        #[arg(long)]
+        user: Option<String>,
+        #[arg(trailing_var_arg = true, required = true)]
+        command: Vec<String>,
+    },
+    /// Pause a sandbox to disk.
+    Pause { id: String },
+    /// Resume a paused sandbox.
+    Resume { id: String },
+    /// Stop a sandbox and delete its files.
+    Kill { id: String },
+}
+
+struct Api {
+    base: String,
+    key: String,
+    http: reqwest::Client,
+}
+
+impl Api {
+    fn from_env() -> anyhow::Result<Self> {
+        let base = std::env::var("SIESTA_URL").unwrap_or_else(|_| "http://127.0.0.1:3000".into());
+        let key = match std::env::var("SIESTA_API_KEY") {
+            Ok(k) => k,
+            Err(_) => {
+                let home =
+                    std::env::var("SIESTA_HOME").unwrap_or_else(|_| "/var/lib/siesta".into());
+                let path = format!("{home}/secrets/api-key");
+                std::fs::read_to_string(&path)
+                    .with_context(|| format!("reading the API key {path} (or set SIESTA_API_KEY)"))?
+                    .trim()
+                    .to_string()
+            }
+        };
+        let http = reqwest::Client::builder().no_proxy().build()?;
+        Ok(Self { base, key, http })
+    }
+
+    async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> anyhow::Result<(u16, Value)> {
+        let mut req = self
+            .http
+            .request(method, format!("{}{path}", self.base))
+            .header("X-API-KEY", &self.key);
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let resp = req.send().await.with_context(|| {
+            format!(
+                "no siesta server at {} (start it with `make up` or `siesta serve`)",
+                self.base
+            )
+        })?;
+        let status = resp.status().as_u16();
+        let text = resp.text().await.unwrap_or_default();
+        let value = serde_json::from_str(&text).unwrap_or(Value::Null);
+        if status >= 400 {
+            let msg = value
+                .get("message")
+                .and_then(Value::as_str)
+                .unwrap_or(&text);
+            bail!("server answered {status}: {msg}");
+        }
+        Ok((status, value))
+    }
+}
+
+pub async fn run(cmd: SandboxCommand) -> anyhow::Result<ExitCode> {
+    let api = Api::from_env()?;
+    use reqwest::Method;
+    match cmd {
+        SandboxCommand::Create { template } => {
+            let body = json!({"templateID": template, "metadata": {}, "envVars": {}});
+            let (_, v) = api.call(Method::POST, "/v2/sandboxes", Some(body)).await?;
+            println!("{}", v["sandboxID"].as_str().unwrap_or_default());
+        }
+        SandboxCommand::List => {
+            let (_, v) = api.call(Method::GET, "/v2/sandboxes", None).await?;
+            println!("{:<22} {:<12} {:<8} STARTED", "ID", "TEMPLATE", "STATE");
+            for s in v.as_array().into_iter().flatten() {
+                println!(
+                    "{:<22} {:<12} {:<8} {}",
+                    s["sandboxID"].as_str().unwrap_or("?"),
+                    s["templateID"].as_str().unwrap_or("?"),
+                    s["state"].as_str().unwrap_or("?"),
+                    s["startedAt"].as_str().unwrap_or("?"),
+                );
+            }
+        }
+        SandboxCommand::Exec { id, user, command } => return exec(&api, &id, user, &command).await,
+        SandboxCommand::Pause { id } => {
+            api.call(
+                Method::POST,
+                &format!("/sandboxes/{id}/pause"),
+                Some(json!({})),
+            )
+            .await?;
+            println!("{id} paused");
+        }
+        SandboxCommand::Resume { id } => {
+            let (status, _) = api
+                .call(
+                    Method::POST,
+                    &format!("/v2/sandboxes/{id}/connect"),
+                    Some(json!({})),
+                )
+                .await?;
+            println!(
+                "{id} {}",
+                if status == 201 {
+                    "resumed"
+                } else {
+                    "was running"
+                }
+            );
+        }
+        SandboxCommand::Kill { id } => {
+            api.call(Method::DELETE, &format!("/sandboxes/{id}"), None)
+                .await?;
+            println!("{id} killed");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn exec(
+    api: &Api,
+    id: &str,
+    user: Option<String>,
+    command: &[String],
+) -> anyhow::Result<ExitCode> {
+    let (_, v) = api
+        .call(reqwest::Method::GET, &format!("/sandboxes/{id}"), None)
+        .await?;
+    if v["state"] != "running" {
+        bail!("sandbox {id} is {}; resume it first", v["state"]);
+    }
+    let addr = v["agentAddress"]
+        .as_str()
+        .context("the server did not say where the sandbox's agent is")?
+        .parse()
+        .context("bad agent address from the server")?;
+    let token = v["envdAccessToken"].as_str().map(str::to_string);
+    let client = EnvdClient::new(id, addr, token);
+    let out = client
+        .exec(&command.join(" "), user.as_deref(), |is_stdout, bytes| {
+            if is_stdout {
+                let _ = std::io::stdout().write_all(bytes);
+                let _ = std::io::stdout().flush();
+            } else {
+                let _ = std::io::stderr().write_all(bytes);
+            }
+        })
+        .await?;
+    Ok(ExitCode::from(out.exit_code.clamp(0, 255) as u8))
+}

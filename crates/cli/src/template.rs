@@ -1,0 +1,85 @@
+//! `siesta template build|list`.
+
+use std::process::ExitCode;
+
+use siesta_sandbox::template::{self, BuildOptions};
+use siesta_sandbox::{Node, NodeConfig};
+
+#[derive(clap::Subcommand)]
+pub enum TemplateCommand {
+    /// Boot an image, wait for its agent, and freeze it into a template.
+    Build {
+        /// Template name.
+        name: String,
+        /// Root filesystem image (`$SIESTA_HOME/assets/rootfs-IMAGE.img`);
+        /// defaults to the template name.
+        #[arg(long)]
+        image: Option<String>,
+        /// Rebuild a template that exists.
+        #[arg(long)]
+        force: bool,
+        /// Do nothing when the template exists.
+        #[arg(long)]
+        if_missing: bool,
+    },
+    /// List templates.
+    List,
+}
+
+pub async fn run(cmd: TemplateCommand) -> anyhow::Result<ExitCode> {
+    let mut config = NodeConfig::from_env().map_err(anyhow::Error::msg)?;
+    match cmd {
+        TemplateCommand::Build {
+            name,
+            image,
+            force,
+            if_missing,
+        } => {
+            if if_missing && template::Template::open(&config.layout(), &name).is_ok() {
+                println!("template {name} exists");
+                return Ok(ExitCode::SUCCESS);
+            }
+            // Its own network tag: a build never touches a server's slots.
+            config.net_tag = "b".into();
+            config.warm_slots = 0;
+            let node = Node::start(config).await?;
+            let opts = BuildOptions {
+                image: image.unwrap_or_else(|| name.clone()),
+                name,
+                force,
+            };
+            let built = template::build_template(&node, &opts).await;
+            node.shutdown().await;
+            let t = built?;
+            println!(
+                "template {} built: cold boot {:.0} ms, memory {} MiB allocated, state {} KiB ({} {}, {})",
+                t.record.name,
+                t.record.cold_boot_ms,
+                t.record.memory.allocated >> 20,
+                t.record.state.size >> 10,
+                t.record.vmm.kind,
+                t.record.vmm.version,
+                t.record.vmm.accel,
+            );
+        }
+        TemplateCommand::List => {
+            println!(
+                "{:<16} {:<8} {:>6} {:>8} {:>10}  CREATED",
+                "NAME", "IMAGE", "VCPUS", "MEM_MIB", "ACCEL"
+            );
+            for t in template::list(&config.layout())? {
+                let r = &t.record;
+                println!(
+                    "{:<16} {:<8} {:>6} {:>8} {:>10}  {}",
+                    r.name,
+                    r.image,
+                    r.vcpus,
+                    r.memory_mib,
+                    r.vmm.accel.as_str(),
+                    r.created_at
+                );
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

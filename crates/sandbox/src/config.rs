@@ -1,0 +1,95 @@
+//! Node configuration: one value built at start-up and passed down
+//! explicitly (no global settings).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Which accelerator to use; `Auto` picks KVM only where a guest really runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AccelSetting {
+    Auto,
+    Kvm,
+    Tcg,
+}
+
+impl std::str::FromStr for AccelSetting {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "auto" | "" => Ok(Self::Auto),
+            "kvm" => Ok(Self::Kvm),
+            "tcg" => Ok(Self::Tcg),
+            other => Err(format!(
+                "unknown accelerator {other:?}: use auto, kvm or tcg"
+            )),
+        }
+    }
+}
+
+/// Everything the sandbox layer needs to know about this node.
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    /// Data directory: assets, templates, sandboxes (`SIESTA_HOME`).
+    pub home: PathBuf,
+    /// The QEMU binary.
+    pub qemu: PathBuf,
+    pub accel: AccelSetting,
+    /// Guest size of new templates.
+    pub vcpus: u32,
+    pub memory_mib: u32,
+    /// Pre-spawned VMM processes kept per template.
+    pub pool_size: usize,
+    /// Network slots created ahead of time.
+    pub warm_slots: usize,
+    /// Most sandboxes (network slots) at once.
+    pub max_slots: usize,
+    /// Tag of this instance's network namespaces (`siesta-<tag>-<n>`); tests
+    /// use their own so they never touch a running server's slots.
+    pub net_tag: String,
+    /// Extra kernel command-line arguments for templates built on this node
+    /// (debugging; e.g. `siesta.init=/bin/sh`).
+    pub kernel_args: String,
+    /// How long a guest may take to answer `/health` after a resume.
+    pub resume_ready_timeout: Duration,
+    /// How long a cold boot may take to answer `/health`.
+    pub boot_ready_timeout: Duration,
+}
+
+impl NodeConfig {
+    /// Defaults for a data directory.
+    pub fn new(home: impl Into<PathBuf>) -> Self {
+        Self {
+            home: home.into(),
+            qemu: PathBuf::from("qemu-system-x86_64"),
+            accel: AccelSetting::Auto,
+            vcpus: 1,
+            memory_mib: 512,
+            pool_size: 1,
+            warm_slots: 2,
+            max_slots: 64,
+            net_tag: "s".to_string(),
+            kernel_args: String::new(),
+            resume_ready_timeout: Duration::from_secs(30),
+            boot_ready_timeout: Duration::from_secs(180),
+        }
+    }
+
+    /// Reads `SIESTA_HOME` (default `/var/lib/siesta`) and `SIESTA_ACCEL`.
+    pub fn from_env() -> Result<Self, String> {
+        let home = std::env::var_os("SIESTA_HOME")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("/var/lib/siesta"));
+        let mut config = Self::new(home);
+        if let Ok(accel) = std::env::var("SIESTA_ACCEL") {
+            config.accel = accel.parse()?;
+        }
+        if let Some(qemu) = std::env::var_os("SIESTA_QEMU") {
+            config.qemu = PathBuf::from(qemu);
+        }
+        Ok(config)
+    }
+
+    pub fn layout(&self) -> crate::layout::Layout {
+        crate::layout::Layout::new(&self.home)
+    }
+}

@@ -1,0 +1,241 @@
+//! HTTP client for one sandbox's agent.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use bytes::BytesMut;
+use futures::StreamExt;
+use serde::Serialize;
+use siesta_envd_proto::process::{
+    process_event::{data_event::Output, Event},
+    ProcessConfig, StartRequest, StartResponse,
+};
+
+use super::envelope::{decode_envelopes, encode_envelope, END_STREAM};
+use crate::error::{Error, Result};
+
+/// What `/init` tells a freshly resumed guest.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InitParams {
+    pub env_vars: HashMap<String, String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub access_token: Option<String>,
+    /// The host's wall clock: a guest resumed from a snapshot has a stale one.
+    pub timestamp: String,
+    pub default_user: String,
+    pub default_workdir: String,
+    /// Fresh randomness: every clone of one snapshot starts with the same
+    /// random state until the agent reseeds the kernel with this.
+    pub entropy: String,
+}
+
+impl InitParams {
+    pub fn new(access_token: Option<String>, env_vars: HashMap<String, String>) -> Self {
+        let mut entropy = [0u8; 64];
+        rand::Rng::fill(&mut rand::thread_rng(), &mut entropy[..]);
+        Self {
+            env_vars,
+            access_token,
+            timestamp: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Nanos, true),
+            default_user: "user".into(),
+            default_workdir: "/home/user".into(),
+            entropy: base64::engine::general_purpose::STANDARD.encode(entropy),
+        }
+    }
+}
+
+/// The result of a command run to completion.
+#[derive(Debug, Clone, Default)]
+pub struct ExecOutput {
+    pub exit_code: i32,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+}
+
+#[derive(Clone)]
+pub struct EnvdClient {
+    id: String,
+    base: String,
+    token: Option<String>,
+    http: reqwest::Client,
+}
+
+impl EnvdClient {
+    /// A client for the agent of sandbox `id`, reached at `addr`.
+    pub fn new(id: &str, addr: SocketAddr, token: Option<String>) -> Self {
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .http1_only()
+            .build()
+            .expect("a client with static settings always builds");
+        Self {
+            id: id.to_string(),
+            base: format!("http://{addr}"),
+            token,
+            http,
+        }
+    }
+
+    fn agent_err(&self, detail: impl std::fmt::Display) -> Error {
+        Error::Agent {
+            id: self.id.clone(),
+            detail: detail.to_string(),
+        }
+    }
+
+    /// Polls `GET /health` until it answers 2xx or `timeout` passes.
+    /// Returns the time it took.
+    pub async fn wait_healthy(&self, timeout: Duration) -> Result<Duration> {
+        let started = Instant::now();
+        let url = format!("{}/health", self.base);
+        let mut last_error = String::from("no answer yet");
+        while started.elapsed() < timeout {
+            let attempt = self
+                .http
+                .get(&url)
+                .timeout(Duration::from_millis(500))
+                .send()
+                .await;
+            match attempt {
+                Ok(resp) if resp.status().is_success() => return Ok(started.elapsed()),
+                Ok(resp) => last_error = format!("HTTP {}", resp.status()),
+                Err(e) => last_error = e.to_string(),
+            }
+            // Short: the guest usually answers within a few hundred ms of a
+            // resume and every ms here is resume latency.
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        Err(Error::GuestNotReady {
+            id: self.id.clone(),
+            secs: timeout.as_secs(),
+            detail: last_error,
+        })
+    }
+
+    /// `POST /init`.
+    pub async fn init(&self, params: &InitParams) -> Result<()> {
+        let mut req = self
+            .http
+            .post(format!("{}/init", self.base))
+            .timeout(Duration::from_secs(10))
+            .json(params);
+        if let Some(t) = &self.token {
+            req = req.header("X-Access-Token", t);
+        }
+        let resp = req
+            .send()
+            .await
+            .map_err(|e| self.agent_err(format!("/init: {e}")))?;
+        if !resp.status().is_success() {
+            let status = resp.status();
+            let body = resp.text().await.unwrap_or_default();
+            return Err(self.agent_err(format!("/init answered {status}: {body}")));
+        }
+        Ok(())
+    }
+
+    /// Runs `/bin/bash -l -c cmd` as `user`, calling `on_output` with each
+    /// chunk (`true` for stdout) as it arrives; returns the exit code and
+    /// everything printed.
+    pub async fn exec(
+        &self,
+        cmd: &str,
+        user: Option<&str>,
+        on_output: impl FnMut(bool, &[u8]),
+    ) -> Result<ExecOutput> {
+        self.run("/bin/bash", &["-l", "-c", cmd], user, on_output)
+            .await
+    }
+
+    /// Runs `program args` directly (no shell) and waits for it.
+    pub async fn run(
+        &self,
+        program: &str,
+        args: &[&str],
+        user: Option<&str>,
+        mut on_output: impl FnMut(bool, &[u8]),
+    ) -> Result<ExecOutput> {
+        let request = StartRequest {
+            process: Some(ProcessConfig {
+                cmd: program.into(),
+                args: args.iter().map(|a| a.to_string()).collect(),
+                envs: HashMap::new(),
+                cwd: None,
+            }),
+            pty: None,
+            tag: None,
+            stdin: Some(false),
+        };
+        let json = serde_json::to_vec(&request).map_err(|e| self.agent_err(e))?;
+        let mut req = self
+            .http
+            .post(format!("{}/process.Process/Start", self.base))
+            .header("content-type", "application/connect+json")
+            .header("connect-protocol-version", "1")
+            .body(encode_envelope(0, &json));
+        if let Some(t) = &self.token {
+            req = req.header("X-Access-Token", t);
+        }
+        if let Some(u) = user {
+            let basic = base64::engine::general_purpose::STANDARD.encode(format!("{u}:"));
+            req = req.header("Authorization", format!("Basic {basic}"));
+        }
+        let resp = req
+            .send()
+            .await
+            .map_err(|e| self.agent_err(format!("Start: {e}")))?;
+        if !resp.status().is_success() {
+            let status = resp.status();
+            let body = resp.text().await.unwrap_or_default();
+            return Err(self.agent_err(format!("Start answered {status}: {body}")));
+        }
+        let mut out = ExecOutput::default();
+        let mut ended = false;
+        let mut buf = BytesMut::new();
+        let mut body = resp.bytes_stream();
+        while let Some(chunk) = body.next().await {
+            let chunk = chunk.map_err(|e| self.agent_err(format!("Start stream: {e}")))?;
+            buf.extend_from_slice(&chunk);
+            for env in decode_envelopes(&mut buf) {
+                if env.flags & END_STREAM != 0 {
+                    return self.finish_stream(&env.payload, ended, out);
+                }
+                let msg: StartResponse = serde_json::from_slice(&env.payload)
+                    .map_err(|e| self.agent_err(format!("bad event: {e}")))?;
+                match msg.event.and_then(|e| e.event) {
+                    Some(Event::Data(d)) => match d.output {
+                        Some(Output::Stdout(b)) => {
+                            on_output(true, &b);
+                            out.stdout.extend_from_slice(&b);
+                        }
+                        Some(Output::Stderr(b)) | Some(Output::Pty(b)) => {
+                            on_output(false, &b);
+                            out.stderr.extend_from_slice(&b);
+                        }
+                        None => {}
+                    },
+                    Some(Event::End(end)) => {
+                        out.exit_code = end.exit_code;
+                        ended = true;
+                    }
+                    _ => {}
+                }
+            }
+        }
+        Err(self.agent_err("Start stream ended without an end-of-stream message"))
+    }
+
+    fn finish_stream(&self, end: &[u8], ended: bool, out: ExecOutput) -> Result<ExecOutput> {
+        let end: serde_json::Value = serde_json::from_slice(end).unwrap_or_default();
+        if let Some(err) = end.get("error") {
+            return Err(self.agent_err(format!("Start failed: {err}")));
+        }
+        if !ended {
+            return Err(self.agent_err("command ended without an end event"));
+        }
+        Ok(out)
+    }
+}

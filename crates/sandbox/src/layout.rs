@@ -1,0 +1,84 @@
+//! Where things live under the data directory.
+//!
+//! ```text
+//! $SIESTA_HOME/
+//!   assets/      vmlinuz, initramfs.img, rootfs-<image>.img (guest/build-assets.sh)
+//!   templates/<name>/  template.json, memory.img, state.bin, disk.img
+//!   sandboxes/<id>/    sandbox.json, disk.qcow2, state.bin (when paused), run/
+//!   run/pool/<n>/      sockets and logs of pre-spawned VMM processes
+//! ```
+
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, Clone)]
+pub struct Layout {
+    home: PathBuf,
+}
+
+impl Layout {
+    pub fn new(home: &Path) -> Self {
+        Self {
+            home: home.to_path_buf(),
+        }
+    }
+    pub fn home(&self) -> &Path {
+        &self.home
+    }
+    pub fn kernel(&self) -> PathBuf {
+        self.home.join("assets/vmlinuz")
+    }
+    pub fn initrd(&self) -> PathBuf {
+        self.home.join("assets/initramfs.img")
+    }
+    /// The root filesystem image a template of `image` is built from.
+    pub fn image(&self, image: &str) -> PathBuf {
+        self.home.join(format!("assets/rootfs-{image}.img"))
+    }
+    pub fn templates(&self) -> PathBuf {
+        self.home.join("templates")
+    }
+    pub fn template_dir(&self, name: &str) -> PathBuf {
+        self.templates().join(name)
+    }
+    pub fn sandboxes(&self) -> PathBuf {
+        self.home.join("sandboxes")
+    }
+    pub fn sandbox_dir(&self, id: &str) -> PathBuf {
+        self.sandboxes().join(id)
+    }
+    pub fn pool_dir(&self) -> PathBuf {
+        self.home.join("run/pool")
+    }
+}
+
+/// Names of templates and sandboxes become directory names: keep them to a
+/// safe alphabet so no request can escape the data directory.
+pub fn validate_name(kind: &str, name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
+        && !name.starts_with('.');
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "invalid {kind} name {name:?}: use 1-64 letters, digits, '-', '_' or '.', not starting with '.'"
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_cannot_escape_the_data_dir() {
+        assert!(validate_name("template", "base").is_ok());
+        assert!(validate_name("template", "my-tpl_2.1").is_ok());
+        for bad in ["", "..", "../x", "a/b", ".hidden", &"x".repeat(65)] {
+            assert!(validate_name("template", bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,112 @@
+//! The node: the VMM backend, the network slot pool and the configuration,
+//! built once at start-up and passed explicitly to everything that needs them.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use siesta_net::{NetConfig, Slot, SlotPool};
+use siesta_vmm::qemu::QemuVmm;
+use siesta_vmm::{AccelChoice, NetSpec, Vmm};
+
+use crate::config::{AccelSetting, NodeConfig};
+use crate::envd::EnvdClient;
+use crate::error::{Error, Result};
+
+/// Kernel command line of every guest: the console, and the guest network
+/// that is the same in every slot (see `siesta_net::layout`).
+const CMDLINE_BASE: &str = "console=ttyS0 quiet panic=-1 reboot=t";
+
+pub struct Node {
+    pub config: NodeConfig,
+    pub vmm: Arc<dyn Vmm>,
+    pub net: SlotPool,
+}
+
+impl Node {
+    /// Starts the node: picks the accelerator, cleans network leftovers of a
+    /// crashed run of the same tag and warms the slot pool.
+    pub async fn start(config: NodeConfig) -> Result<Arc<Self>> {
+        let accel = match config.accel {
+            AccelSetting::Auto => AccelChoice::Auto,
+            AccelSetting::Kvm => AccelChoice::Kvm,
+            AccelSetting::Tcg => AccelChoice::Tcg,
+        };
+        let vmm = QemuVmm::new(config.qemu.clone(), accel).map_err(|source| Error::Vmm {
+            id: "node".into(),
+            source,
+        })?;
+        let net = SlotPool::new(NetConfig {
+            tag: config.net_tag.clone(),
+            capacity: config.max_slots,
+            warm: config.warm_slots,
+            ..NetConfig::default()
+        })
+        .map_err(|source| Error::Net {
+            id: "node".into(),
+            source,
+        })?;
+        net.start().await.map_err(|source| Error::Net {
+            id: "node".into(),
+            source,
+        })?;
+        let info = vmm.info();
+        tracing::info!(
+            vmm = %info.kind, version = %info.version, accelerator = %info.accel,
+            "node started"
+        );
+        Ok(Arc::new(Self {
+            config,
+            vmm: Arc::new(vmm),
+            net,
+        }))
+    }
+
+    /// Releases every network slot this node created.
+    pub async fn shutdown(&self) {
+        if let Err(e) = self.net.shutdown().await {
+            tracing::warn!("network teardown: {e}");
+        }
+    }
+
+    pub fn kernel_cmdline(&self) -> String {
+        use siesta_net::layout::{GATEWAY_ADDR, GUEST_ADDR, GUEST_PREFIX};
+        let mut line = format!(
+            "{CMDLINE_BASE} siesta.ip={GUEST_ADDR}/{GUEST_PREFIX} siesta.gw={GATEWAY_ADDR}"
+        );
+        if !self.config.kernel_args.is_empty() {
+            line.push(' ');
+            line.push_str(&self.config.kernel_args);
+        }
+        line
+    }
+
+    pub async fn acquire_slot(&self, id: &str) -> Result<Slot> {
+        self.net.acquire().await.map_err(|source| Error::Net {
+            id: id.to_string(),
+            source,
+        })
+    }
+
+    pub async fn release_slot(&self, slot: Slot) {
+        let index = slot.index;
+        if let Err(e) = self.net.release(slot).await {
+            tracing::warn!(slot = index, "releasing network slot: {e}");
+        }
+    }
+
+    pub fn net_spec(&self, slot: &Slot) -> NetSpec {
+        NetSpec {
+            netns: Some(slot.netns_path.clone()),
+            tap: slot.tap_name.clone(),
+            mac: siesta_net::layout::GUEST_MAC.to_string(),
+        }
+    }
+
+    pub fn agent_addr(slot: &Slot) -> SocketAddr {
+        SocketAddr::new(slot.slot_addr.into(), siesta_envd_proto::ENVD_PORT)
+    }
+
+    pub fn envd_client(&self, id: &str, slot: &Slot, token: Option<String>) -> EnvdClient {
+        EnvdClient::new(id, Self::agent_addr(slot), token)
+    }
+}

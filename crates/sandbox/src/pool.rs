@@ -1,0 +1,241 @@
+//! The warm VMM pool: per template, VMM processes spawned ahead of time and
+//! waiting for an incoming snapshot, each already in its own network slot
+//! and holding a fresh copy-on-write disk. Taking one is the resume path's
+//! `vmm_pool_acquire` stage; spawning happens off the critical path.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use siesta_net::Slot;
+use siesta_vmm::{DiskFormat, DiskSpec, LaunchMode, LaunchSpec, MemoryBacking, VmInstance};
+use tokio::sync::Mutex;
+
+use crate::error::{Error, IoContext, Result};
+use crate::node::Node;
+use crate::rootfs::create_overlay;
+use crate::template::Template;
+
+/// A VMM process waiting in `-incoming` for a template's snapshot.
+///
+/// It is created as a future sandbox: the id is chosen and the disk overlay
+/// made in that sandbox's directory up front, because QEMU reopens its disk
+/// by path when the restored VM starts, so the file cannot move afterwards.
+pub struct PooledVm {
+    pub id: String,
+    pub dir: PathBuf,
+    pub vm: Box<dyn VmInstance>,
+    pub slot: Slot,
+    /// The disk overlay the VMM has open (`<dir>/disk.qcow2`).
+    pub overlay: PathBuf,
+    pub run_dir: PathBuf,
+}
+
+pub struct VmmPool {
+    node: Arc<Node>,
+    per_template: usize,
+    ready: Mutex<HashMap<String, Vec<PooledVm>>>,
+    /// Set by `drain`: refills still running stop their VMMs instead of
+    /// adding them.
+    closed: std::sync::atomic::AtomicBool,
+    /// Refill tasks, awaited by `drain` so none outlives the pool.
+    refills: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
+}
+
+impl VmmPool {
+    pub fn new(node: Arc<Node>) -> Arc<Self> {
+        let per_template = node.config.pool_size;
+        Arc::new(Self {
+            node,
+            per_template,
+            ready: Mutex::new(HashMap::new()),
+            closed: std::sync::atomic::AtomicBool::new(false),
+            refills: std::sync::Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Takes a waiting VMM for `template`, or spawns one when none waits
+    /// (reported as a miss), then refills the pool in the background.
+    pub async fn acquire(self: &Arc<Self>, template: &Template) -> Result<(PooledVm, bool)> {
+        let name = template.record.name.clone();
+        let waiting = self.ready.lock().await.get_mut(&name).and_then(Vec::pop);
+        let (entry, hit) = match waiting {
+            Some(entry) => (entry, true),
+            None => (self.spawn(template).await?, false),
+        };
+        self.refill(template.clone());
+        Ok((entry, hit))
+    }
+
+    /// Tops the pool for `template` up to its size, in the background.
+    pub fn refill(self: &Arc<Self>, template: Template) {
+        if self.per_template == 0 || self.closed.load(std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
+        let pool = Arc::clone(self);
+        let task = tokio::spawn(async move {
+            loop {
+                let have = pool
+                    .ready
+                    .lock()
+                    .await
+                    .get(&template.record.name)
+                    .map_or(0, Vec::len);
+                if have >= pool.per_template {
+                    return;
+                }
+                match pool.spawn(&template).await {
+                    Ok(entry) => {
+                        let mut ready = pool.ready.lock().await;
+                        if pool.closed.load(std::sync::atomic::Ordering::SeqCst) {
+                            drop(ready);
+                            pool.discard(entry).await;
+                            return;
+                        }
+                        ready
+                            .entry(template.record.name.clone())
+                            .or_default()
+                            .push(entry);
+                    }
+                    Err(e) => {
+                        tracing::warn!(template = %template.record.name, "pool refill: {e}");
+                        return;
+                    }
+                }
+            }
+        });
+        if let Ok(mut tasks) = self.refills.lock() {
+            tasks.retain(|t| !t.is_finished());
+            tasks.push(task);
+        }
+    }
+
+    /// Spawns one VMM for `template`: slot, overlay, process in `-incoming`.
+    async fn spawn(&self, template: &Template) -> Result<PooledVm> {
+        let id = crate::ids::new_sandbox_id();
+        let dir = self.node.config.layout().sandbox_dir(&id);
+        let run_dir = dir.join("run");
+        std::fs::create_dir_all(&run_dir).ctx("creating sandbox directory", &run_dir)?;
+        let overlay = dir.join(crate::sandbox::DISK_FILE);
+        if let Err(e) = create_overlay(&template.disk_path(), &overlay).await {
+            let _ = std::fs::remove_dir_all(&dir);
+            return Err(e);
+        }
+        let slot = match self.node.acquire_slot(&id).await {
+            Ok(slot) => slot,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(e);
+            }
+        };
+        let spec = incoming_spec(
+            &self.node,
+            template,
+            &id,
+            run_dir.clone(),
+            overlay.clone(),
+            &slot,
+        );
+        match self.node.vmm.spawn(&spec).await {
+            Ok(vm) => Ok(PooledVm {
+                id,
+                dir,
+                vm,
+                slot,
+                overlay,
+                run_dir,
+            }),
+            Err(source) => {
+                self.node.release_slot(slot).await;
+                let _ = std::fs::remove_dir_all(&dir);
+                Err(Error::Vmm { id, source })
+            }
+        }
+    }
+
+    /// Waits until at least one VMM waits for `template` (benchmarks use it
+    /// so that every sample is a pool hit, as in the seed's warm-pool runs).
+    pub async fn wait_ready(&self, template: &str, timeout: std::time::Duration) -> Result<()> {
+        let started = std::time::Instant::now();
+        loop {
+            if self
+                .ready
+                .lock()
+                .await
+                .get(template)
+                .is_some_and(|v| !v.is_empty())
+            {
+                return Ok(());
+            }
+            if started.elapsed() > timeout {
+                return Err(Error::Invalid(format!(
+                    "no pre-spawned VMM for template {template:?} after {} s (see the log for refill errors)",
+                    timeout.as_secs()
+                )));
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Stops every waiting VMM and frees its slot and files; the pool
+    /// takes no new VMMs afterwards.
+    pub async fn drain(&self) {
+        let all: Vec<PooledVm> = {
+            let mut ready = self.ready.lock().await;
+            self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
+            ready.drain().flat_map(|(_, v)| v).collect()
+        };
+        let tasks: Vec<_> = self
+            .refills
+            .lock()
+            .map(|mut t| t.drain(..).collect())
+            .unwrap_or_default();
+        for task in tasks {
+            let _ = task.await;
+        }
+        for entry in all {
+            self.discard(entry).await;
+        }
+    }
+
+    async fn discard(&self, mut entry: PooledVm) {
+        let _ = entry.vm.shutdown().await;
+        self.node.release_slot(entry.slot).await;
+        let _ = std::fs::remove_dir_all(&entry.dir);
+    }
+}
+
+/// The launch description of a VMM that will receive `template`'s snapshot:
+/// the template memory mapped privately (copy-on-write, page cache shared
+/// by every sandbox of the template) and the given disk.
+pub(crate) fn incoming_spec(
+    node: &Node,
+    template: &Template,
+    id: &str,
+    run_dir: PathBuf,
+    disk: PathBuf,
+    slot: &Slot,
+) -> LaunchSpec {
+    let rec = &template.record;
+    LaunchSpec {
+        id: id.to_string(),
+        run_dir,
+        vcpus: rec.vcpus,
+        memory_mib: rec.memory_mib.into(),
+        kernel: PathBuf::from(&rec.kernel),
+        initrd: Some(node.config.layout().initrd()),
+        cmdline: rec.kernel_cmdline.clone(),
+        memory: MemoryBacking {
+            path: template.memory_path(),
+            shared: false,
+        },
+        disk: Some(DiskSpec {
+            path: disk,
+            format: DiskFormat::Qcow2,
+            read_only: false,
+        }),
+        net: Some(node.net_spec(slot)),
+        mode: LaunchMode::Incoming,
+        serial_log: true,
+    }
+}

@@ -1,0 +1,254 @@
+//! The resume path: how a sandbox comes to life from a snapshot.
+//!
+//! Every resume runs the same named stages, timed by a [`StageClock`]:
+//!
+//! | stage              | from a template                         | from a paused sandbox              |
+//! |--------------------|-----------------------------------------|------------------------------------|
+//! | `vmm_pool_acquire` | take a VMM waiting in `-incoming`       | spawn a VMM over the sandbox disk  |
+//! | `rootfs_bind`      | adopt the pooled VMM's fresh overlay    | check the sandbox's own overlay    |
+//! | `network_setup`    | apply the slot's egress policy          | take a slot, apply the policy      |
+//! | `snapshot_load`    | load the template's device state        | load the saved state and its RAM   |
+//! | `resume`           | start the vCPUs                         | same                               |
+//! | `guest_health`     | wait for the agent's `/health`          | same                               |
+//! | `agent_init`       | `POST /init`: clock, entropy, env, token| same                               |
+//!
+//! The template's memory file is mapped when the VMM is spawned (by the pool,
+//! off the critical path), so memory binding is not a stage of its own here;
+//! neither is the disk overlay's creation, which the pool does ahead of time.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use siesta_net::{EgressPolicy, Slot};
+use siesta_vmm::{VmInstance, VmmError};
+
+use crate::envd::InitParams;
+use crate::error::{Error, IoContext, Result};
+use crate::node::Node;
+use crate::pool::{incoming_spec, PooledVm, VmmPool};
+use crate::stages::{Stage, StageClock, StageTimings};
+use crate::template::Template;
+
+/// A VM that came out of the resume path, running and initialised.
+pub struct Resumed {
+    pub id: String,
+    /// The sandbox's directory (disk overlay, run directory).
+    pub dir: PathBuf,
+    pub vm: Box<dyn VmInstance>,
+    pub slot: Slot,
+    pub run_dir: PathBuf,
+    pub timings: StageTimings,
+}
+
+/// What the guest is told at `/init`, and how it may reach the outside.
+#[derive(Debug, Clone)]
+pub struct ResumeParams {
+    pub init: InitParams,
+    pub egress: EgressPolicy,
+}
+
+/// Resumes a new sandbox from `template`. The sandbox takes the id and
+/// directory the pool prepared for its VMM.
+pub async fn from_template(
+    node: &Arc<Node>,
+    pool: &Arc<VmmPool>,
+    template: &Template,
+    params: &ResumeParams,
+) -> Result<Resumed> {
+    template.check_compatible(node.vmm.info())?;
+    template.record.verify_sizes(&template.dir)?;
+    let mut clock = StageClock::start();
+
+    let (entry, hit) = clock
+        .time(Stage::VmmPoolAcquire, pool.acquire(template))
+        .await?;
+    let PooledVm {
+        id,
+        dir,
+        vm,
+        slot,
+        overlay,
+        run_dir,
+    } = entry;
+    tracing::debug!(sandbox = %id, pool_hit = hit, "vmm acquired");
+    // A failed resume from a template leaves nothing: its directory goes too.
+    let mut guard = Cleanup::new(node, id, vm, slot, dir.clone());
+    let bound = clock
+        .time(Stage::RootfsBind, async {
+            std::fs::metadata(&overlay).ctx("sandbox disk overlay", &overlay)
+        })
+        .await;
+    if let Err(e) = bound {
+        return Err(guard.fail(e).await);
+    }
+    finish(node, clock, &template.state_path(), params, guard, dir).await
+}
+
+/// Resumes paused sandbox `id` from its own saved state and disk in `dir`.
+pub async fn from_paused(
+    node: &Arc<Node>,
+    template: &Template,
+    id: &str,
+    dir: &Path,
+    params: &ResumeParams,
+) -> Result<Resumed> {
+    template.check_compatible(node.vmm.info())?;
+    let disk = dir.join(crate::sandbox::DISK_FILE);
+    let state = dir.join(crate::sandbox::STATE_FILE);
+    let run_dir = dir.join("run");
+    let mut clock = StageClock::start();
+
+    let slot = clock
+        .time(Stage::NetworkSetup, node.acquire_slot(id))
+        .await?;
+    let checked = clock
+        .time(Stage::RootfsBind, async {
+            std::fs::metadata(&disk).ctx("sandbox disk", &disk)?;
+            std::fs::metadata(&state).ctx("sandbox saved state", &state)?;
+            std::fs::create_dir_all(&run_dir).ctx("creating run directory", &run_dir)
+        })
+        .await;
+    if let Err(e) = checked {
+        node.release_slot(slot).await;
+        return Err(e);
+    }
+    let spec = incoming_spec(node, template, id, run_dir.clone(), disk, &slot);
+    let spawned = clock
+        .time(Stage::VmmPoolAcquire, node.vmm.spawn(&spec))
+        .await;
+    let vm = match spawned {
+        Ok(vm) => vm,
+        Err(source) => {
+            node.release_slot(slot).await;
+            return Err(Error::Vmm {
+                id: id.to_string(),
+                source,
+            });
+        }
+    };
+    // A failed resume of a paused sandbox keeps its disk and saved state.
+    let guard = Cleanup::new(node, id.to_string(), vm, slot, run_dir);
+    finish(node, clock, &state, params, guard, dir.to_path_buf()).await
+}
+
+/// The stages both paths share: policy, load, resume, health, init.
+async fn finish(
+    node: &Arc<Node>,
+    mut clock: StageClock,
+    state: &Path,
+    params: &ResumeParams,
+    mut guard: Cleanup<'_>,
+    dir: PathBuf,
+) -> Result<Resumed> {
+    let id = guard.id.clone();
+    let vmm_err = |source| Error::Vmm {
+        id: id.clone(),
+        source,
+    };
+    let policy = clock
+        .time(
+            Stage::NetworkSetup,
+            guard.slot().apply_policy(&params.egress),
+        )
+        .await;
+    if let Err(source) = policy {
+        let id = id.clone();
+        return Err(guard.fail(Error::Net { id, source }).await);
+    }
+    let loaded = clock
+        .time(Stage::SnapshotLoad, guard.vm().restore(state))
+        .await;
+    if let Err(e) = loaded {
+        return Err(guard.fail(load_error(e, state, &id)).await);
+    }
+    if let Err(e) = clock.time(Stage::Resume, guard.vm().resume()).await {
+        return Err(guard.fail(vmm_err(e)).await);
+    }
+    let client = node.envd_client(&id, guard.slot(), params.init.access_token.clone());
+    let healthy = clock
+        .time(
+            Stage::GuestHealth,
+            client.wait_healthy(node.config.resume_ready_timeout),
+        )
+        .await;
+    if let Err(e) = healthy {
+        return Err(guard.fail(e).await);
+    }
+    if let Err(e) = clock
+        .time(Stage::AgentInit, client.init(&params.init))
+        .await
+    {
+        return Err(guard.fail(e).await);
+    }
+    let timings = clock.finish();
+    tracing::info!(sandbox = %id, "resumed: {}", timings.summary());
+    let (vm, slot, _) = guard.disarm();
+    let run_dir = dir.join("run");
+    Ok(Resumed {
+        id,
+        dir,
+        vm,
+        slot,
+        run_dir,
+        timings,
+    })
+}
+
+/// A state file the VMM could not load is named in the error: it is most
+/// often corrupt or from another VMM.
+fn load_error(e: VmmError, state: &Path, id: &str) -> Error {
+    match e {
+        VmmError::Migration { .. } | VmmError::StateFile { .. } | VmmError::Exited { .. } => {
+            Error::CorruptSnapshot {
+                path: state.to_path_buf(),
+                detail: e.to_string(),
+            }
+        }
+        source => Error::Vmm {
+            id: id.to_string(),
+            source,
+        },
+    }
+}
+
+/// Owns a half-resumed VM: if the resume fails, the VMM is stopped, the
+/// slot returned and `scratch` (a directory only this attempt made) removed,
+/// so nothing is left behind.
+struct Cleanup<'a> {
+    node: &'a Arc<Node>,
+    id: String,
+    parts: Option<(Box<dyn VmInstance>, Slot, PathBuf)>,
+}
+
+impl<'a> Cleanup<'a> {
+    fn new(
+        node: &'a Arc<Node>,
+        id: String,
+        vm: Box<dyn VmInstance>,
+        slot: Slot,
+        run_dir: PathBuf,
+    ) -> Self {
+        Self {
+            node,
+            id,
+            parts: Some((vm, slot, run_dir)),
+        }
+    }
+    fn vm(&mut self) -> &mut Box<dyn VmInstance> {
+        &mut self.parts.as_mut().expect("armed until disarm or fail").0
+    }
+    fn slot(&self) -> &Slot {
+        &self.parts.as_ref().expect("armed until disarm or fail").1
+    }
+    fn disarm(&mut self) -> (Box<dyn VmInstance>, Slot, PathBuf) {
+        self.parts.take().expect("armed until disarm or fail")
+    }
+    async fn fail(&mut self, err: Error) -> Error {
+        if let Some((mut vm, slot, scratch)) = self.parts.take() {
+            let _ = vm.shutdown().await;
+            self.node.release_slot(slot).await;
+            let _ = std::fs::remove_dir_all(&scratch);
+        }
+        err
+    }
+}

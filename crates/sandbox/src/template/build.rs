@@ -1,0 +1,261 @@
+//! `siesta template build`: boot an image, wait for its agent, freeze it.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use siesta_vmm::{
+    DiskFormat, DiskSpec, LaunchMode, LaunchSpec, MemoryBacking, MemorySave, VmInstance,
+};
+
+use super::record::{self, file_record, sync_dir, TemplateRecord};
+use super::{is_complete, Template};
+use crate::error::{Error, IoContext, Result};
+use crate::layout::validate_name;
+use crate::node::Node;
+use crate::rootfs::create_overlay;
+
+#[derive(Debug, Clone)]
+pub struct BuildOptions {
+    pub name: String,
+    /// Root filesystem image under `assets/` (`rootfs-<image>.img`).
+    pub image: String,
+    /// Replace an existing template of that name.
+    pub force: bool,
+}
+
+/// Builds template `opts.name` and returns it. The template appears
+/// atomically: it is assembled in a hidden directory and renamed into place
+/// only once every file and its record are synced.
+pub async fn build_template(node: &Node, opts: &BuildOptions) -> Result<Template> {
+    validate_name("template", &opts.name).map_err(Error::Invalid)?;
+    let layout = node.config.layout();
+    let final_dir = layout.template_dir(&opts.name);
+    if is_complete(&final_dir) && !opts.force {
+        return Err(Error::Invalid(format!(
+            "template {:?} already exists (use --force to rebuild it)",
+            opts.name
+        )));
+    }
+    let image = check_assets(node, &opts.image)?;
+    let work = layout.templates().join(format!(".{}.building", opts.name));
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work).ctx("creating template build directory", &work)?;
+    let record = match freeze_into(node, opts, &image, &work).await {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&work);
+            return Err(e);
+        }
+    };
+    if final_dir.exists() {
+        std::fs::remove_dir_all(&final_dir).ctx("removing old template", &final_dir)?;
+    }
+    std::fs::rename(&work, &final_dir).ctx("publishing template", &final_dir)?;
+    sync_dir(&layout.templates())?;
+    tracing::info!(template = %opts.name, cold_boot_ms = record.cold_boot_ms, "template built");
+    Template::open(&layout, &opts.name)
+}
+
+/// Cold-boots `image` (over a throwaway overlay) until its agent answers and
+/// returns the time from spawning the VMM to that answer, in milliseconds.
+pub async fn cold_boot(node: &Node, image: &str) -> Result<f64> {
+    let image = check_assets(node, image)?;
+    let work = node
+        .config
+        .layout()
+        .home()
+        .join(format!("run/coldboot-{}", std::process::id()));
+    std::fs::create_dir_all(&work).ctx("creating cold-boot directory", &work)?;
+    let result = async {
+        let disk = work.join("disk.qcow2");
+        create_overlay(&image, &disk).await?;
+        let spec = boot_spec(
+            node,
+            "coldboot",
+            &work,
+            work.join("memory.img"),
+            disk,
+            DiskFormat::Qcow2,
+        );
+        let (mut vm, ms) = boot_until_healthy(node, spec).await?;
+        let _ = vm.0.shutdown().await;
+        node.release_slot(vm.1).await;
+        Ok(ms)
+    }
+    .await;
+    let _ = std::fs::remove_dir_all(&work);
+    result
+}
+
+fn check_assets(node: &Node, image: &str) -> Result<PathBuf> {
+    validate_name("image", image).map_err(Error::Invalid)?;
+    let layout = node.config.layout();
+    let image = layout.image(image);
+    for (what, path) in [
+        ("root filesystem image", &image),
+        ("guest kernel", &layout.kernel()),
+        ("initramfs", &layout.initrd()),
+    ] {
+        if !path.exists() {
+            return Err(Error::Invalid(format!(
+                "{what} {} is missing: run `make assets` (guest/build-assets.sh)",
+                path.display()
+            )));
+        }
+    }
+    Ok(image)
+}
+
+fn boot_spec(
+    node: &Node,
+    id: &str,
+    dir: &Path,
+    memory: PathBuf,
+    disk: PathBuf,
+    format: DiskFormat,
+) -> LaunchSpec {
+    let layout = node.config.layout();
+    LaunchSpec {
+        id: id.to_string(),
+        run_dir: dir.join("run"),
+        vcpus: node.config.vcpus,
+        memory_mib: node.config.memory_mib.into(),
+        kernel: layout.kernel(),
+        initrd: Some(layout.initrd()),
+        cmdline: node.kernel_cmdline(),
+        memory: MemoryBacking {
+            path: memory,
+            shared: true,
+        },
+        disk: Some(DiskSpec {
+            path: disk,
+            format,
+            read_only: false,
+        }),
+        net: None, // filled in by boot_until_healthy with the slot it takes
+        mode: LaunchMode::Boot,
+        serial_log: true,
+    }
+}
+
+/// A booted VM and the slot it runs in.
+type Booted = (Box<dyn VmInstance>, siesta_net::Slot);
+
+/// Takes a slot, spawns and boots `spec` there and waits for the agent.
+/// On failure nothing is left running.
+async fn boot_until_healthy(node: &Node, mut spec: LaunchSpec) -> Result<(Booted, f64)> {
+    let id = spec.id.clone();
+    let slot = node.acquire_slot(&id).await?;
+    spec.net = Some(node.net_spec(&slot));
+    std::fs::create_dir_all(&spec.run_dir).ctx("creating run directory", &spec.run_dir)?;
+    let started = Instant::now();
+    let mut vm = match node.vmm.spawn(&spec).await {
+        Ok(vm) => vm,
+        Err(source) => {
+            node.release_slot(slot).await;
+            return Err(Error::Vmm { id, source });
+        }
+    };
+    let ready = async {
+        vm.boot().await.map_err(|source| Error::Vmm {
+            id: id.clone(),
+            source,
+        })?;
+        node.envd_client(&id, &slot, None)
+            .wait_healthy(node.config.boot_ready_timeout)
+            .await
+            .map_err(|e| with_serial_log(e, &spec))
+    }
+    .await;
+    match ready {
+        Ok(_) => Ok(((vm, slot), started.elapsed().as_secs_f64() * 1e3)),
+        Err(e) => {
+            let _ = vm.shutdown().await;
+            node.release_slot(slot).await;
+            Err(e)
+        }
+    }
+}
+
+async fn freeze_into(
+    node: &Node,
+    opts: &BuildOptions,
+    image: &Path,
+    work: &Path,
+) -> Result<TemplateRecord> {
+    let layout = node.config.layout();
+    let disk = work.join(record::DISK_FILE);
+    copy_sparse(image, &disk).await?;
+    let memory = work.join(record::MEMORY_FILE);
+    let state = work.join(record::STATE_FILE);
+    let id = format!("build-{}", opts.name);
+    let spec = boot_spec(
+        node,
+        &id,
+        work,
+        memory.clone(),
+        disk.clone(),
+        DiskFormat::Raw,
+    );
+    let run_dir = spec.run_dir.clone();
+    let ((mut vm, slot), cold_boot_ms) = boot_until_healthy(node, spec).await?;
+    let frozen = async {
+        vm.pause().await?;
+        vm.save(&state, MemorySave::InBackingFile).await
+    }
+    .await;
+    let _ = vm.shutdown().await;
+    node.release_slot(slot).await;
+    frozen.map_err(|source| Error::Vmm { id, source })?;
+    let _ = std::fs::remove_dir_all(&run_dir);
+
+    let record = TemplateRecord {
+        name: opts.name.clone(),
+        image: opts.image.clone(),
+        created_at: chrono::Utc::now(),
+        vcpus: node.config.vcpus,
+        memory_mib: node.config.memory_mib,
+        vmm: node.vmm.info().clone(),
+        kernel: layout.kernel().display().to_string(),
+        kernel_cmdline: node.kernel_cmdline(),
+        memory: file_record(&memory)?,
+        state: file_record(&state)?,
+        disk: file_record(&disk)?,
+        cold_boot_ms,
+    };
+    record.store(work)?;
+    Ok(record)
+}
+
+/// Appends the guest's console output to a readiness error: it is usually
+/// what says why the guest never answered.
+fn with_serial_log(err: Error, spec: &LaunchSpec) -> Error {
+    let Error::GuestNotReady { id, secs, detail } = err else {
+        return err;
+    };
+    let log = std::fs::read_to_string(spec.run_dir.join("serial.log")).unwrap_or_default();
+    let lines: Vec<&str> = log.lines().collect();
+    let tail = lines[lines.len().saturating_sub(15)..].join("\n");
+    Error::GuestNotReady {
+        id,
+        secs,
+        detail: format!("{detail}; last console lines:\n{tail}"),
+    }
+}
+
+async fn copy_sparse(from: &Path, to: &Path) -> Result<()> {
+    let out = tokio::process::Command::new("cp")
+        .args(["--sparse=always", "--reflink=auto"])
+        .arg(from)
+        .arg(to)
+        .output()
+        .await
+        .ctx("running cp for", to)?;
+    if !out.status.success() {
+        return Err(Error::Command {
+            what: format!("copying {} to {}", from.display(), to.display()),
+            detail: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,157 @@
+//! The JSON record that describes a template snapshot.
+
+use std::io::Read;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::error::{Error, IoContext, Result};
+
+pub const RECORD_FILE: &str = "template.json";
+pub const MEMORY_FILE: &str = "memory.img";
+pub const STATE_FILE: &str = "state.bin";
+pub const DISK_FILE: &str = "disk.img";
+
+/// One file of a snapshot, with what is needed to check it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileRecord {
+    pub name: String,
+    /// Apparent size in bytes.
+    pub size: u64,
+    /// Bytes actually allocated on disk (memory and disk files are sparse).
+    pub allocated: u64,
+    pub sha256: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TemplateRecord {
+    pub name: String,
+    /// The root filesystem image it was built from (`base`, `tiny`).
+    pub image: String,
+    pub created_at: chrono::DateTime<chrono::Utc>,
+    pub vcpus: u32,
+    pub memory_mib: u32,
+    /// The VMM that made it; a snapshot only restores on the same.
+    pub vmm: siesta_vmm::VmmInfo,
+    pub kernel: String,
+    pub kernel_cmdline: String,
+    pub memory: FileRecord,
+    pub state: FileRecord,
+    pub disk: FileRecord,
+    /// Time from spawning the VMM to the agent's first `/health` answer.
+    pub cold_boot_ms: f64,
+}
+
+impl TemplateRecord {
+    pub fn load(dir: &Path) -> Result<Self> {
+        let path = dir.join(RECORD_FILE);
+        let text = std::fs::read_to_string(&path).ctx("reading template record", &path)?;
+        serde_json::from_str(&text).map_err(|e| Error::CorruptSnapshot {
+            path,
+            detail: format!("bad record: {e}"),
+        })
+    }
+
+    /// Writes the record atomically: a reader sees the old record or the new
+    /// one, never half of one; a template without a record does not exist.
+    pub fn store(&self, dir: &Path) -> Result<()> {
+        let path = dir.join(RECORD_FILE);
+        let tmp = dir.join(format!("{RECORD_FILE}.tmp"));
+        let text = serde_json::to_vec_pretty(self).map_err(|e| Error::Invalid(e.to_string()))?;
+        write_synced(&tmp, &text)?;
+        std::fs::rename(&tmp, &path).ctx("publishing template record", &path)?;
+        sync_dir(dir)
+    }
+
+    /// Checks sizes of the snapshot files (cheap, done on every restore).
+    pub fn verify_sizes(&self, dir: &Path) -> Result<()> {
+        for f in [&self.memory, &self.state, &self.disk] {
+            let path = dir.join(&f.name);
+            let meta = std::fs::metadata(&path).map_err(|e| Error::CorruptSnapshot {
+                path: path.clone(),
+                detail: format!("cannot stat: {e}"),
+            })?;
+            if meta.len() != f.size {
+                return Err(Error::CorruptSnapshot {
+                    path,
+                    detail: format!("size {} but the record says {}", meta.len(), f.size),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks every file's SHA-256 (slow for memory and disk; `template
+    /// verify` and the first use after start-up run it).
+    pub fn verify_digests(&self, dir: &Path) -> Result<()> {
+        self.verify_sizes(dir)?;
+        for f in [&self.memory, &self.state, &self.disk] {
+            let path = dir.join(&f.name);
+            let actual = file_record(&path)?.sha256;
+            if actual != f.sha256 {
+                return Err(Error::CorruptSnapshot {
+                    path,
+                    detail: format!("SHA-256 {actual} but the record says {}", f.sha256),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Size, allocation and SHA-256 of a file.
+pub fn file_record(path: &Path) -> Result<FileRecord> {
+    use std::os::unix::fs::MetadataExt;
+    let mut file = std::fs::File::open(path).ctx("opening snapshot file", path)?;
+    let meta = file.metadata().ctx("stat of snapshot file", path)?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = file.read(&mut buf).ctx("reading snapshot file", path)?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+    }
+    Ok(FileRecord {
+        name: path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        size: meta.len(),
+        allocated: meta.blocks() * 512,
+        sha256: hex::encode(hasher.finalize()),
+    })
+}
+
+pub(crate) fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
+    use std::io::Write;
+    let mut f = std::fs::File::create(path).ctx("creating", path)?;
+    f.write_all(bytes).ctx("writing", path)?;
+    f.sync_all().ctx("syncing", path)
+}
+
+pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .ctx("syncing directory", dir)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_record_hashes_content() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("x");
+        std::fs::write(&p, b"abc").unwrap();
+        let r = file_record(&p).unwrap();
+        assert_eq!(r.size, 3);
+        assert_eq!(
+            r.sha256,
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+    }
+}

@@ -1,0 +1,288 @@
+//! End-to-end test with real VMs under QEMU: build a template from the `base`
+//! image, resume two sandboxes from it, prove memory sharing, random-state
+//! divergence, pause/resume with files and processes intact, the failure
+//! cases, and that nothing is left behind.
+//!
+//! Needs root, QEMU and the guest assets (`make assets`); it is skipped with
+//! a message where they are missing, except under CI where that is a failure.
+//! Boots are slow under TCG, so this is one test that proves a lot.
+
+use std::collections::HashSet;
+use std::panic::AssertUnwindSafe;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::FutureExt;
+use siesta_sandbox::template::{build_template, BuildOptions};
+use siesta_sandbox::{CreateRequest, Error, Node, NodeConfig, SandboxManager};
+
+fn assets_dir() -> PathBuf {
+    std::env::var_os("SIESTA_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/lib/siesta"))
+        .join("assets")
+}
+
+fn prerequisites() -> Result<(), String> {
+    if unsafe { libc::geteuid() } != 0 {
+        return Err("not root (network namespaces need it)".into());
+    }
+    for f in ["vmlinuz", "initramfs.img", "rootfs-base.img"] {
+        if !assets_dir().join(f).exists() {
+            return Err(format!(
+                "{} missing (run `make assets`)",
+                assets_dir().join(f).display()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// KiB of `file`'s mapping in process `pid` that are shared with another
+/// process (`Shared_Clean` + `Shared_Dirty` in /proc/PID/smaps).
+fn shared_kib_of_mapping(pid: u32, file: &Path) -> u64 {
+    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).expect("read smaps");
+    let needle = file.to_string_lossy().to_string();
+    let mut in_mapping = false;
+    let mut shared = 0;
+    for line in smaps.lines() {
+        let first = line.split_whitespace().next().unwrap_or("");
+        let is_header = first.split_once('-').is_some_and(|(a, b)| {
+            u64::from_str_radix(a, 16).is_ok() && u64::from_str_radix(b, 16).is_ok()
+        });
+        if is_header {
+            in_mapping = line.ends_with(&needle);
+        } else if in_mapping {
+            if let Some(v) = line
+                .strip_prefix("Shared_Clean:")
+                .or_else(|| line.strip_prefix("Shared_Dirty:"))
+            {
+                shared += v
+                    .trim()
+                    .trim_end_matches("kB")
+                    .trim()
+                    .parse::<u64>()
+                    .unwrap_or(0);
+            }
+        }
+    }
+    shared
+}
+
+fn netns_names() -> HashSet<String> {
+    std::fs::read_dir("/run/netns")
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+async fn exec_ok(m: &SandboxManager, id: &str, cmd: &str) -> String {
+    let out = m
+        .exec(id, cmd, None, |_, _| {})
+        .await
+        .unwrap_or_else(|e| panic!("exec {cmd:?} in {id}: {e}"));
+    assert_eq!(
+        out.exit_code,
+        0,
+        "{cmd:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vm_lifecycle_end_to_end() {
+    if let Err(why) = prerequisites() {
+        if std::env::var_os("CI").is_some() {
+            panic!("VM test cannot run under CI: {why}");
+        }
+        eprintln!("skipping VM test: {why}");
+        return;
+    }
+    let home = tempfile::Builder::new()
+        .prefix("siesta-vmtest")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    std::os::unix::fs::symlink(assets_dir(), home.path().join("assets")).unwrap();
+    let mut config = NodeConfig::new(home.path());
+    // Letters only, unique per test process: never a server's slots.
+    config.net_tag = std::process::id()
+        .to_string()
+        .bytes()
+        .take(5)
+        .map(|d| (b'a' + (d - b'0')) as char)
+        .collect();
+    config.warm_slots = 1;
+    config.boot_ready_timeout = Duration::from_secs(240);
+    config.resume_ready_timeout = Duration::from_secs(60);
+    let netns_before = netns_names();
+    let node = Node::start(config).await.expect("node starts");
+    let manager = SandboxManager::new(node.clone());
+
+    let outcome = AssertUnwindSafe(scenario(&node, &manager, home.path()))
+        .catch_unwind()
+        .await;
+    manager.shutdown().await;
+    node.shutdown().await;
+
+    // Nothing left: no VMM of ours, no namespace, no sandbox files.
+    let leftover: Vec<_> = netns_names().difference(&netns_before).cloned().collect();
+    assert!(
+        leftover.is_empty(),
+        "network namespaces left behind: {leftover:?}"
+    );
+    let sandboxes = std::fs::read_dir(home.path().join("sandboxes"))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    assert_eq!(sandboxes, 0, "sandbox directories left behind");
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+async fn scenario(node: &Arc<Node>, m: &Arc<SandboxManager>, home: &Path) {
+    // Template: boot the base image, wait for the agent, freeze it.
+    let opts = BuildOptions {
+        name: "base".into(),
+        image: "base".into(),
+        force: false,
+    };
+    let t = build_template(node, &opts).await.expect("template builds");
+    assert!(t.record.memory.allocated > 0 && t.record.state.size > 0);
+    assert_eq!(t.record.vmm.kind, "qemu");
+
+    // Two sandboxes from it; both run commands as `user` with bash.
+    let req = CreateRequest {
+        template: "base".into(),
+        ..Default::default()
+    };
+    let a = m.create(req.clone()).await.expect("create a");
+    let b = m.create(req.clone()).await.expect("create b");
+    assert!(a.timings.as_ref().is_some_and(|t| t.total_ms > 0.0));
+    assert_eq!(exec_ok(m, &a.id, "whoami").await.trim(), "user");
+    assert_eq!(
+        exec_ok(m, &b.id, "echo $HOME; test -d /home/user && echo ok")
+            .await
+            .trim(),
+        "/home/user\nok"
+    );
+
+    // Both VMMs map the template's memory file, and share its page cache.
+    let mem = t.dir.join("memory.img");
+    for info in [&a, &b] {
+        let kib = shared_kib_of_mapping(info.vmm_pid.expect("pid"), &mem);
+        assert!(
+            kib > 0,
+            "VMM {} shares no pages of {}",
+            info.id,
+            mem.display()
+        );
+    }
+
+    // Clones must not share random state.
+    let ra = exec_ok(m, &a.id, "head -c 32 /dev/urandom | od -An -tx1").await;
+    let rb = exec_ok(m, &b.id, "head -c 32 /dev/urandom | od -An -tx1").await;
+    assert_ne!(ra, rb, "two clones produced the same random bytes");
+
+    // Files and processes survive pause and resume.
+    exec_ok(m, &a.id, "echo persist-me > /home/user/state.txt").await;
+    exec_ok(
+        m,
+        &a.id,
+        "nohup sleep 1000 >/dev/null 2>&1 & echo $! > /home/user/sleep.pid",
+    )
+    .await;
+    m.pause(&a.id).await.expect("pause");
+    assert!(matches!(
+        m.pause(&a.id).await,
+        Err(Error::WrongState { .. })
+    ));
+    assert!(
+        m.exec(&a.id, "true", None, |_, _| {}).await.is_err(),
+        "exec in a paused sandbox"
+    );
+    let resumed = m.resume(&a.id).await.expect("resume");
+    assert!(resumed.timings.is_some());
+    assert_eq!(
+        exec_ok(m, &a.id, "cat /home/user/state.txt").await.trim(),
+        "persist-me"
+    );
+    exec_ok(
+        m,
+        &a.id,
+        "kill -0 $(cat /home/user/sleep.pid) && echo alive",
+    )
+    .await;
+
+    // A VMM killed under a sandbox: clear error, and kill still cleans up.
+    let pid = b.vmm_pid.expect("pid");
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let err = m
+        .exec(&b.id, "true", None, |_, _| {})
+        .await
+        .expect_err("exec after VMM death");
+    assert!(!err.to_string().is_empty());
+    m.kill(&b.id).await.expect("kill b");
+    m.kill(&a.id).await.expect("kill a");
+    assert!(matches!(
+        m.kill(&a.id).await,
+        Err(Error::SandboxNotFound { .. })
+    ));
+
+    // A missing template.
+    let missing = CreateRequest {
+        template: "no-such".into(),
+        ..Default::default()
+    };
+    assert!(matches!(
+        m.create(missing).await,
+        Err(Error::TemplateNotFound { .. })
+    ));
+
+    // A corrupt state file: refused with an error naming it, nothing left.
+    let state = t.dir.join("state.bin");
+    let good = std::fs::read(&state).unwrap();
+    std::fs::write(&state, vec![0xAB; good.len()]).unwrap();
+    let err = m
+        .create(req.clone())
+        .await
+        .expect_err("corrupt state must fail");
+    assert!(err.to_string().contains("state.bin"), "{err}");
+    std::fs::write(&state, &good).unwrap();
+
+    // A truncated memory file: refused before any VMM starts.
+    let memory = std::fs::OpenOptions::new().write(true).open(&mem).unwrap();
+    let len = memory.metadata().unwrap().len();
+    memory.set_len(len / 2).unwrap();
+    let err = m
+        .create(req.clone())
+        .await
+        .expect_err("truncated memory must fail");
+    assert!(matches!(err, Error::CorruptSnapshot { .. }), "{err}");
+    memory.set_len(len).unwrap();
+
+    // A guest whose agent never starts: a clear error, nothing left behind.
+    let mut config = node.config.clone();
+    config.net_tag = format!("{}x", config.net_tag);
+    config.kernel_args = "siesta.init=/bin/false".into();
+    config.boot_ready_timeout = Duration::from_secs(20);
+    let broken = Node::start(config).await.expect("second node");
+    let opts = BuildOptions {
+        name: "never".into(),
+        image: "base".into(),
+        force: false,
+    };
+    let err = build_template(&broken, &opts)
+        .await
+        .expect_err("a guest without agent");
+    broken.shutdown().await;
+    assert!(matches!(err, Error::GuestNotReady { .. }), "{err}");
+    assert!(
+        !home.join("templates/never").exists() && !home.join("templates/.never.building").exists()
+    );
+}

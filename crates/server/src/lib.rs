@@ -1,0 +1,33 @@
+//! siesta-server: the node's HTTP API.
+//!
+//! The control API follows the E2B wire contract
+//! (`shared/reference/e2b-contract.md` §2) so the official SDKs and the
+//! `siesta` CLI drive the same endpoints. Every control request needs the
+//! node's API key in `X-API-KEY`; errors are JSON `{"code","message"}`.
+
+mod api_key;
+mod error;
+mod routes;
+
+pub use api_key::load_or_create_api_key;
+pub use routes::{router, AppState};
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use siesta_sandbox::SandboxManager;
+
+/// Serves the API on `listen` until `shutdown` resolves.
+pub async fn serve(
+    listen: SocketAddr,
+    manager: Arc<SandboxManager>,
+    api_key: String,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let listener = tokio::net::TcpListener::bind(listen).await?;
+    tracing::info!(%listen, "siesta server listening");
+    let app = router(AppState { manager, api_key });
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await
+}
