@@ -48,8 +48,9 @@ pub enum Error {
     #[error("VMM for {id}: {source}")]
     Vmm {
         id: String,
+        // Boxed: VMM errors carry logs and would make every Result large.
         #[source]
-        source: siesta_vmm::VmmError,
+        source: Box<siesta_vmm::VmmError>,
     },
 
     #[error("network for {id}: {source}")]
@@ -64,6 +65,15 @@ pub enum Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    pub(crate) fn vmm(id: impl Into<String>, source: siesta_vmm::VmmError) -> Self {
+        Error::Vmm {
+            id: id.into(),
+            source: Box::new(source),
+        }
+    }
+}
 
 /// Attaches the file and the action to an I/O error.
 pub(crate) trait IoContext<T> {

@@ -101,7 +101,7 @@ impl SandboxManager {
         for s in all {
             out.push(s.lock().await.info());
         }
-        out.sort_by(|a, b| a.created_at.cmp(&b.created_at));
+        out.sort_by_key(|s| s.created_at);
         out
     }
 
@@ -155,10 +155,7 @@ impl SandboxManager {
             state: "paused".into(),
             expected: "running",
         })?;
-        let vmm_err = |source| Error::Vmm {
-            id: id.to_string(),
-            source,
-        };
+        let vmm_err = |source| Error::vmm(id.to_string(), source);
         running.vm.pause().await.map_err(vmm_err)?;
         let tmp = state_path.with_extension("bin.tmp");
         if let Err(e) = running.vm.save(&tmp, MemorySave::InState).await {

@@ -31,10 +31,8 @@ impl Node {
             AccelSetting::Kvm => AccelChoice::Kvm,
             AccelSetting::Tcg => AccelChoice::Tcg,
         };
-        let vmm = QemuVmm::new(config.qemu.clone(), accel).map_err(|source| Error::Vmm {
-            id: "node".into(),
-            source,
-        })?;
+        let vmm = QemuVmm::new(config.qemu.clone(), accel)
+            .map_err(|source| Error::vmm("node", source))?;
         let net = SlotPool::new(NetConfig {
             tag: config.net_tag.clone(),
             capacity: config.max_slots,

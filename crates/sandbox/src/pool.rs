@@ -148,7 +148,7 @@ impl VmmPool {
             Err(source) => {
                 self.node.release_slot(slot).await;
                 let _ = std::fs::remove_dir_all(&dir);
-                Err(Error::Vmm { id, source })
+                Err(Error::vmm(id, source))
             }
         }
     }

@@ -68,7 +68,7 @@ pub async fn from_template(
         vm,
         slot,
         overlay,
-        run_dir,
+        run_dir: _,
     } = entry;
     tracing::debug!(sandbox = %id, pool_hit = hit, "vmm acquired");
     // A failed resume from a template leaves nothing: its directory goes too.
@@ -120,10 +120,7 @@ pub async fn from_paused(
         Ok(vm) => vm,
         Err(source) => {
             node.release_slot(slot).await;
-            return Err(Error::Vmm {
-                id: id.to_string(),
-                source,
-            });
+            return Err(Error::vmm(id.to_string(), source));
         }
     };
     // A failed resume of a paused sandbox keeps its disk and saved state.
@@ -141,10 +138,7 @@ async fn finish(
     dir: PathBuf,
 ) -> Result<Resumed> {
     let id = guard.id.clone();
-    let vmm_err = |source| Error::Vmm {
-        id: id.clone(),
-        source,
-    };
+    let vmm_err = |source| Error::vmm(id.clone(), source);
     let policy = clock
         .time(
             Stage::NetworkSetup,
@@ -204,10 +198,7 @@ fn load_error(e: VmmError, state: &Path, id: &str) -> Error {
                 detail: e.to_string(),
             }
         }
-        source => Error::Vmm {
-            id: id.to_string(),
-            source,
-        },
+        source => Error::vmm(id.to_string(), source),
     }
 }
 

@@ -153,14 +153,13 @@ async fn boot_until_healthy(node: &Node, mut spec: LaunchSpec) -> Result<(Booted
         Ok(vm) => vm,
         Err(source) => {
             node.release_slot(slot).await;
-            return Err(Error::Vmm { id, source });
+            return Err(Error::vmm(id, source));
         }
     };
     let ready = async {
-        vm.boot().await.map_err(|source| Error::Vmm {
-            id: id.clone(),
-            source,
-        })?;
+        vm.boot()
+            .await
+            .map_err(|source| Error::vmm(id.clone(), source))?;
         node.envd_client(&id, &slot, None)
             .wait_healthy(node.config.boot_ready_timeout)
             .await
@@ -206,7 +205,7 @@ async fn freeze_into(
     .await;
     let _ = vm.shutdown().await;
     node.release_slot(slot).await;
-    frozen.map_err(|source| Error::Vmm { id, source })?;
+    frozen.map_err(|source| Error::vmm(id, source))?;
     let _ = std::fs::remove_dir_all(&run_dir);
 
     let record = TemplateRecord {
