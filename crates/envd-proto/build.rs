@@ -12,7 +12,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let descriptors = protox::compile(PROTOS, ["proto"])?;
     let descriptor_path = out_dir.join("envd_descriptor.bin");
-    std::fs::write(&descriptor_path, prost::Message::encode_to_vec(&descriptors))?;
+    std::fs::write(
+        &descriptor_path,
+        prost::Message::encode_to_vec(&descriptors),
+    )?;
 
     prost_build::Config::new()
         .compile_well_known_types()
