@@ -62,6 +62,9 @@ pub enum Error {
 
     #[error("{what} failed: {detail}")]
     Command { what: String, detail: String },
+
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,19 +1,39 @@
-//! The sandbox manager: create, list, exec, pause, resume and kill.
+//! The sandbox manager: create, list, exec, pause, resume, kill, timeouts.
+//!
+//! Every sandbox has a row in the node's SQLite store ([`crate::store`]);
+//! every state change is written there before the call returns, after the
+//! files it depends on (a pause publishes `state.bin`, then commits the row).
+//! In memory the manager keeps one entry per sandbox: the record mirrored
+//! from the store, a lock serialising operations on it, and, only while it
+//! runs, its VM and network slot. A background reaper ([`crate::lifecycle`])
+//! pauses or kills sandboxes whose deadline passed and marks those whose VMM
+//! died. [`SandboxManager::open`] recovers the state a previous server left
+//! ([`crate::recovery`]).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use chrono::Utc;
 use siesta_net::EgressPolicy;
 use siesta_vmm::MemorySave;
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, OwnedMutexGuard};
 
 use crate::envd::{EnvdClient, ExecOutput, InitParams};
 use crate::error::{Error, IoContext, Result};
+use crate::lifecycle::{deadline, Reaper};
 use crate::node::Node;
 use crate::pool::VmmPool;
 use crate::resume::{self, ResumeParams, Resumed};
-use crate::sandbox::{Running, Sandbox, SandboxInfo, SandboxRecord, SandboxState};
+use crate::sandbox::{
+    qcow2_virtual_size, Lifecycle, Running, Sandbox, SandboxInfo, SandboxRecord, SandboxState,
+    DISK_FILE,
+};
+use crate::store::{ListQuery, Store, StoreError, DB_FILE};
+use crate::template::record::sync_dir;
 use crate::template::Template;
+
+pub use crate::lifecycle::{DEFAULT_TIMEOUT_SECS, MAX_TIMEOUT_SECS};
 
 /// What `create` needs.
 #[derive(Debug, Clone, Default)]
@@ -22,22 +42,94 @@ pub struct CreateRequest {
     pub env_vars: HashMap<String, String>,
     pub metadata: HashMap<String, String>,
     pub allow_internet: bool,
+    /// Seconds until the sandbox times out; [`DEFAULT_TIMEOUT_SECS`] if
+    /// `None`, at most [`MAX_TIMEOUT_SECS`].
+    pub timeout_secs: Option<u64>,
+    /// What its timeout does (pause by default) and whether traffic to it
+    /// while paused resumes it.
+    pub lifecycle: Lifecycle,
 }
 
+pub(crate) type Entry = Arc<Mutex<Sandbox>>;
+
 pub struct SandboxManager {
-    node: Arc<Node>,
+    pub(crate) node: Arc<Node>,
     pool: Arc<VmmPool>,
-    sandboxes: Mutex<HashMap<String, Arc<Mutex<Sandbox>>>>,
+    pub(crate) store: Store,
+    pub(crate) sandboxes: Mutex<HashMap<String, Entry>>,
+    /// False for [`SandboxManager::ephemeral`]: nothing outlives it, so
+    /// shutdown kills instead of pausing.
+    persistent: bool,
+    /// Set by shutdown: no new VM starts afterwards.
+    closed: AtomicBool,
+    pub(crate) reaper: Reaper,
+    /// Exclusive lock on the data directory (`siesta.lock`), held for the
+    /// manager's life: two managers on one home would each "recover" the
+    /// other's live sandboxes.
+    _home_lock: Option<std::fs::File>,
 }
 
 impl SandboxManager {
-    pub fn new(node: Arc<Node>) -> Arc<Self> {
-        let pool = VmmPool::new(Arc::clone(&node));
-        Arc::new(Self {
+    /// Opens the node's sandboxes: takes the data directory's lock, opens
+    /// (or creates) `$SIESTA_HOME/siesta.db`, recovers what a previous
+    /// server left (see [`crate::recovery`]) and starts the reaper. Paused
+    /// sandboxes are listed and resumable; running ones whose VM did not
+    /// survive are reported dead. Call within a tokio runtime.
+    pub fn open(node: Arc<Node>) -> Result<Arc<Self>> {
+        let layout = node.config.layout();
+        let sandboxes = layout.sandboxes();
+        std::fs::create_dir_all(&sandboxes).ctx("creating sandboxes directory", &sandboxes)?;
+        let lock = crate::recovery::lock_home(layout.home())?;
+        let store = Store::open(&layout.home().join(DB_FILE))?;
+        let records = crate::recovery::recover(&store, &layout)?;
+        Ok(Self::start(node, store, records, true, Some(lock)))
+    }
+
+    /// A manager whose state lives in memory only (benchmarks, tests): it
+    /// recovers nothing and kills its sandboxes at shutdown. It shares the
+    /// data directory's `sandboxes/` with a server that may run beside it,
+    /// so it never cleans other directories there.
+    pub fn ephemeral(node: Arc<Node>) -> Result<Arc<Self>> {
+        Ok(Self::start(
             node,
-            pool,
-            sandboxes: Mutex::new(HashMap::new()),
-        })
+            Store::in_memory()?,
+            Vec::new(),
+            false,
+            None,
+        ))
+    }
+
+    fn start(
+        node: Arc<Node>,
+        store: Store,
+        records: Vec<SandboxRecord>,
+        persistent: bool,
+        lock: Option<std::fs::File>,
+    ) -> Arc<Self> {
+        let layout = node.config.layout();
+        let entries = records
+            .into_iter()
+            .map(|record| {
+                let sb = Sandbox {
+                    dir: layout.sandbox_dir(&record.id),
+                    record,
+                    running: None,
+                };
+                (sb.record.id.clone(), Arc::new(Mutex::new(sb)))
+            })
+            .collect();
+        let manager = Arc::new(Self {
+            pool: VmmPool::new(Arc::clone(&node)),
+            node,
+            store,
+            sandboxes: Mutex::new(entries),
+            persistent,
+            closed: AtomicBool::new(false),
+            reaper: Reaper::default(),
+            _home_lock: lock,
+        });
+        manager.reaper.start(Arc::downgrade(&manager));
+        manager
     }
 
     pub fn node(&self) -> &Arc<Node> {
@@ -62,30 +154,48 @@ impl SandboxManager {
 
     /// Resumes a new sandbox from a template.
     pub async fn create(&self, req: CreateRequest) -> Result<SandboxInfo> {
+        self.check_open()?;
+        let timeout = deadline(req.timeout_secs)?;
         let template = Template::open(&self.node.config.layout(), &req.template)?;
+        let now = Utc::now();
         let mut record = SandboxRecord {
             id: String::new(), // the pooled VMM brings the id
             template: req.template.clone(),
             state: SandboxState::Running,
-            created_at: chrono::Utc::now(),
+            created_at: now,
+            started_at: now,
+            end_at: now + timeout,
             access_token: crate::ids::new_token(),
             env_vars: req.env_vars,
             metadata: req.metadata,
             allow_internet: req.allow_internet,
+            cpu_count: template.record.vcpus,
+            memory_mb: template.record.memory_mib,
+            disk_size_mb: template.record.disk.size >> 20,
+            lifecycle: req.lifecycle,
+            agent_addr: None,
+            vmm_pid: None,
+            timings: None,
+            dead_reason: None,
         };
         let params = resume_params(&record);
         let resumed = resume::from_template(&self.node, &self.pool, &template, &params).await?;
         record.id = resumed.id.clone();
         let dir = resumed.dir.clone();
+        // What the guest sees as its disk: the overlay's virtual size.
+        if let Ok(bytes) = qcow2_virtual_size(&dir.join(DISK_FILE)) {
+            record.disk_size_mb = bytes >> 20;
+        }
         let mut sandbox = Sandbox {
             dir: dir.clone(),
             record,
-            running: Some(running(resumed)),
+            running: None,
         };
-        if let Err(e) = sandbox.record.store(&dir) {
+        set_running(&mut sandbox, running(resumed), timeout);
+        if let Err(e) = self.store.put(&sandbox.record) {
             stop_running(&self.node, &mut sandbox).await;
             let _ = std::fs::remove_dir_all(&dir);
-            return Err(e);
+            return Err(e.into());
         }
         let info = sandbox.info();
         self.sandboxes
@@ -95,23 +205,45 @@ impl SandboxManager {
         Ok(info)
     }
 
+    /// Every sandbox (running, paused and dead), oldest first.
     pub async fn list(&self) -> Vec<SandboxInfo> {
         let all: Vec<_> = self.sandboxes.lock().await.values().cloned().collect();
         let mut out = Vec::with_capacity(all.len());
         for s in all {
             out.push(s.lock().await.info());
         }
-        out.sort_by_key(|s| s.created_at);
+        out.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
         out
     }
 
-    async fn get_entry(&self, id: &str) -> Result<Arc<Mutex<Sandbox>>> {
+    /// One page of the sandboxes matching `q`, and the token of the next
+    /// page (`None` on the last). Read from the store, so a page never
+    /// waits for a sandbox busy pausing or resuming. A malformed
+    /// `next_token` is [`Error::Invalid`].
+    pub fn list_page(&self, q: &ListQuery) -> Result<(Vec<SandboxInfo>, Option<String>)> {
+        self.store.list(q).map_err(|e| match e {
+            StoreError::BadCursor(_) => Error::Invalid(e.to_string()),
+            e => e.into(),
+        })
+    }
+
+    pub(crate) async fn get_entry(&self, id: &str) -> Result<Entry> {
         self.sandboxes
             .lock()
             .await
             .get(id)
             .cloned()
             .ok_or_else(|| Error::SandboxNotFound { id: id.to_string() })
+    }
+
+    /// Locks sandbox `id` for an operation; not found if it was killed
+    /// while the caller waited.
+    pub(crate) async fn lock(&self, id: &str) -> Result<OwnedMutexGuard<Sandbox>> {
+        let sb = self.get_entry(id).await?.lock_owned().await;
+        if sb.record.id.is_empty() {
+            return Err(Error::SandboxNotFound { id: id.to_string() });
+        }
+        Ok(sb)
     }
 
     pub async fn get(&self, id: &str) -> Result<SandboxInfo> {
@@ -144,18 +276,38 @@ impl SandboxManager {
         self.envd(id).await?.exec(cmd, user, on_output).await
     }
 
+    /// Sets the deadline of sandbox `id` to `secs` seconds from now (E2B
+    /// `set_timeout`). On a paused sandbox this only changes the deadline
+    /// it reports: a resume sets a new one.
+    pub async fn set_timeout(&self, id: &str, secs: u64) -> Result<SandboxInfo> {
+        let timeout = deadline(Some(secs))?;
+        let mut sb = self.lock(id).await?;
+        if sb.record.state == SandboxState::Dead {
+            return Err(wrong_state(&sb, "running or paused"));
+        }
+        let before = sb.record.end_at;
+        sb.record.end_at = Utc::now() + timeout;
+        if let Err(e) = self.store.put(&sb.record) {
+            sb.record.end_at = before;
+            return Err(e.into());
+        }
+        Ok(sb.info())
+    }
+
     /// Saves the sandbox's memory, devices and disk, then stops its VM and
     /// frees its slot. Its files and processes come back on `resume`.
     pub async fn pause(&self, id: &str) -> Result<()> {
-        let entry = self.get_entry(id).await?;
-        let mut sb = entry.lock().await;
+        let mut sb = self.lock(id).await?;
+        self.pause_locked(&mut sb).await
+    }
+
+    pub(crate) async fn pause_locked(&self, sb: &mut Sandbox) -> Result<()> {
+        let id = sb.record.id.clone();
         let state_path = sb.state_path();
-        let running = sb.running.as_mut().ok_or_else(|| Error::WrongState {
-            id: id.to_string(),
-            state: "paused".into(),
-            expected: "running",
-        })?;
-        let vmm_err = |source| Error::vmm(id.to_string(), source);
+        let Some(running) = sb.running.as_mut() else {
+            return Err(wrong_state(sb, "running"));
+        };
+        let vmm_err = |source| Error::vmm(id.clone(), source);
         running.vm.pause().await.map_err(vmm_err)?;
         let tmp = state_path.with_extension("bin.tmp");
         if let Err(e) = running.vm.save(&tmp, MemorySave::InState).await {
@@ -164,54 +316,181 @@ impl SandboxManager {
             let _ = std::fs::remove_file(&tmp);
             return Err(vmm_err(e));
         }
+        // The state file is durable before the row says paused, so a crash
+        // in between is recovered as a pause (see recovery).
         std::fs::rename(&tmp, &state_path).ctx("publishing paused state", &state_path)?;
+        sync_dir(&sb.dir)?;
+        let before = sb.record.clone();
         sb.record.state = SandboxState::Paused;
-        sb.record.store(&sb.dir.clone())?;
-        stop_running(&self.node, &mut sb).await;
+        sb.record.agent_addr = None;
+        sb.record.vmm_pid = None;
+        if let Err(e) = self.store.put(&sb.record) {
+            // Not paused as far as anyone will know: back to running.
+            sb.record = before;
+            let _ = std::fs::remove_file(&state_path);
+            if let Some(r) = sb.running.as_mut() {
+                let _ = r.vm.resume().await;
+            }
+            return Err(e.into());
+        }
+        stop_running(&self.node, sb).await;
         Ok(())
     }
 
-    /// Brings a paused sandbox back with its files and processes.
+    /// Brings a paused sandbox back with its files and processes, with the
+    /// default timeout.
     pub async fn resume(&self, id: &str) -> Result<SandboxInfo> {
-        let entry = self.get_entry(id).await?;
-        let mut sb = entry.lock().await;
-        if sb.running.is_some() {
+        let mut sb = self.lock(id).await?;
+        if sb.record.state != SandboxState::Paused {
             return Err(wrong_state(&sb, "paused"));
         }
+        self.resume_locked(&mut sb, None).await?;
+        Ok(sb.info())
+    }
+
+    /// E2B `connect`: resumes a paused sandbox with `timeout_secs` (default
+    /// [`DEFAULT_TIMEOUT_SECS`]), or returns a running one, extending its
+    /// deadline to `timeout_secs` from now if that is later. The flag says
+    /// whether it was resumed.
+    pub async fn connect(
+        &self,
+        id: &str,
+        timeout_secs: Option<u64>,
+    ) -> Result<(SandboxInfo, bool)> {
+        let mut sb = self.lock(id).await?;
+        match sb.record.state {
+            SandboxState::Running => {
+                if let Some(secs) = timeout_secs {
+                    let end = Utc::now() + deadline(Some(secs))?;
+                    if end > sb.record.end_at {
+                        sb.record.end_at = end;
+                        self.store.put(&sb.record)?;
+                    }
+                }
+                Ok((sb.info(), false))
+            }
+            SandboxState::Paused => {
+                self.resume_locked(&mut sb, timeout_secs).await?;
+                Ok((sb.info(), true))
+            }
+            SandboxState::Dead => Err(wrong_state(&sb, "running or paused")),
+        }
+    }
+
+    async fn resume_locked(&self, sb: &mut Sandbox, timeout_secs: Option<u64>) -> Result<()> {
+        self.check_open()?;
+        let timeout = deadline(timeout_secs)?;
+        let id = sb.record.id.clone();
         let template = Template::open(&self.node.config.layout(), &sb.record.template)?;
         let params = resume_params(&sb.record);
-        let resumed =
-            resume::from_paused(&self.node, &template, id, &sb.dir.clone(), &params).await?;
-        sb.running = Some(running(resumed));
-        sb.record.state = SandboxState::Running;
-        sb.record.store(&sb.dir.clone())?;
-        Ok(sb.info())
+        let resumed = resume::from_paused(&self.node, &template, &id, &sb.dir, &params).await?;
+        // The saved state is spent: from now on the disk moves on, and a
+        // state file left beside it would be mistaken for a newer pause.
+        let state = sb.state_path();
+        if let Err(e) = std::fs::remove_file(&state) {
+            tracing::warn!(sandbox = %id, "removing spent state {}: {e}", state.display());
+        }
+        set_running(sb, running(resumed), timeout);
+        self.store.put(&sb.record)?;
+        Ok(())
     }
 
     /// Stops the sandbox and deletes everything it had.
     pub async fn kill(&self, id: &str) -> Result<()> {
-        let entry = self
-            .sandboxes
-            .lock()
-            .await
-            .remove(id)
-            .ok_or_else(|| Error::SandboxNotFound { id: id.to_string() })?;
-        let mut sb = entry.lock().await;
-        stop_running(&self.node, &mut sb).await;
-        std::fs::remove_dir_all(&sb.dir).ctx("removing sandbox directory", &sb.dir)?;
-        Ok(())
+        let mut sb = self.lock(id).await?;
+        self.kill_locked(&mut sb).await
     }
 
-    /// Kills every sandbox and stops the pooled VMMs (server shutdown, tests).
-    pub async fn shutdown(&self) {
-        let ids: Vec<String> = self.sandboxes.lock().await.keys().cloned().collect();
-        for id in ids {
-            if let Err(e) = self.kill(&id).await {
-                tracing::warn!(sandbox = %id, "kill at shutdown: {e}");
-            }
+    pub(crate) async fn kill_locked(&self, sb: &mut Sandbox) -> Result<()> {
+        let id = sb.record.id.clone();
+        stop_running(&self.node, sb).await;
+        if let Err(e) = self.store.delete(&id) {
+            sb.record.state = SandboxState::Dead;
+            sb.record.dead_reason = Some(format!("kill failed to delete its row: {e}"));
+            return Err(e.into());
         }
+        self.sandboxes.lock().await.remove(&id);
+        // Operations queued on this sandbox's lock see it gone.
+        sb.record.id.clear();
+        match std::fs::remove_dir_all(&sb.dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                Err(e).ctx("removing sandbox directory", &sb.dir)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Stops the VM of a sandbox that cannot run on and records why; its
+    /// disk stays until it is killed.
+    pub(crate) async fn mark_dead(&self, sb: &mut Sandbox, reason: String) {
+        tracing::warn!(sandbox = %sb.record.id, "sandbox dead: {reason}");
+        stop_running(&self.node, sb).await;
+        sb.record.state = SandboxState::Dead;
+        sb.record.dead_reason = Some(reason);
+        sb.record.agent_addr = None;
+        sb.record.vmm_pid = None;
+        if let Err(e) = self.store.put(&sb.record) {
+            tracing::error!(sandbox = %sb.record.id, "recording death: {e}");
+        }
+    }
+
+    /// Server stop: pauses every running sandbox (an ephemeral manager kills
+    /// them instead) and stops the pooled VMMs. A sandbox that cannot be
+    /// paused is stopped and reported dead, never left half-running.
+    pub async fn shutdown(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+        self.reaper.stop().await;
+        let entries: Vec<Entry> = self.sandboxes.lock().await.values().cloned().collect();
+        let stops = entries.into_iter().map(|entry| async move {
+            let mut sb = entry.lock_owned().await;
+            if self.persistent && sb.running.is_some() {
+                if let Err(e) = self.pause_locked(&mut sb).await {
+                    let reason = format!("could not be paused at server stop: {e}");
+                    self.mark_dead(&mut sb, reason).await;
+                }
+            } else if !self.persistent && !sb.record.id.is_empty() {
+                if let Err(e) = self.kill_locked(&mut sb).await {
+                    tracing::warn!(sandbox = %sb.record.id, "kill at shutdown: {e}");
+                }
+            }
+        });
+        futures::future::join_all(stops).await;
         self.pool.drain().await;
     }
+
+    /// Test hook: forgets every running VM and slot without stopping them,
+    /// as a `kill -9` of the server would leave them. Drop the manager next.
+    #[doc(hidden)]
+    pub async fn abandon_for_tests(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+        self.reaper.stop().await;
+        for entry in self.sandboxes.lock().await.values() {
+            if let Some(r) = entry.lock().await.running.take() {
+                std::mem::forget(r);
+            }
+        }
+    }
+
+    fn check_open(&self) -> Result<()> {
+        if self.closed.load(Ordering::SeqCst) {
+            return Err(Error::Invalid("the server is shutting down".into()));
+        }
+        Ok(())
+    }
+}
+
+/// Records a freshly resumed VM as the sandbox's live parts.
+fn set_running(sb: &mut Sandbox, r: Running, timeout: chrono::Duration) {
+    let now = Utc::now();
+    let rec = &mut sb.record;
+    rec.state = SandboxState::Running;
+    rec.started_at = now;
+    rec.end_at = now + timeout;
+    rec.agent_addr = Some(r.agent_addr);
+    rec.vmm_pid = Some(r.vm.pid());
+    rec.timings = Some(r.timings.clone());
+    rec.dead_reason = None;
+    sb.running = Some(r);
 }
 
 fn running(r: Resumed) -> Running {
@@ -225,7 +504,7 @@ fn running(r: Resumed) -> Running {
     }
 }
 
-async fn stop_running(node: &Node, sb: &mut Sandbox) {
+pub(crate) async fn stop_running(node: &Node, sb: &mut Sandbox) {
     if let Some(mut r) = sb.running.take() {
         if let Err(e) = r.vm.shutdown().await {
             tracing::warn!(sandbox = %sb.record.id, "stopping VMM: {e}");

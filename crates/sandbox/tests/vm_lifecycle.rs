@@ -121,7 +121,8 @@ async fn vm_lifecycle_end_to_end() {
     config.resume_ready_timeout = Duration::from_secs(60);
     let netns_before = netns_names();
     let node = Node::start(config).await.expect("node starts");
-    let manager = SandboxManager::new(node.clone());
+    // In-memory state: shutdown kills what a failed scenario left running.
+    let manager = SandboxManager::ephemeral(node.clone()).expect("manager");
 
     let outcome = AssertUnwindSafe(scenario(&node, &manager, home.path()))
         .catch_unwind()

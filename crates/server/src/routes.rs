@@ -97,6 +97,7 @@ async fn create(
             env_vars: req.env_vars,
             metadata: req.metadata,
             allow_internet: req.allow_internet_access.unwrap_or(true),
+            ..Default::default()
         })
         .await?;
     Ok((StatusCode::CREATED, Json(sandbox_json(&info))).into_response())

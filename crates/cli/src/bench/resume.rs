@@ -30,7 +30,9 @@ pub async fn run(args: ResumeArgs) -> anyhow::Result<ExitCode> {
     let layout = config.layout();
     let tpl = Template::open(&layout, &args.template)?;
     let node = Node::start(config).await?;
-    let manager = SandboxManager::new(node.clone());
+    // In-memory state: the bench's sandboxes die with it and it never
+    // touches the server's rows.
+    let manager = SandboxManager::ephemeral(node.clone())?;
     let outcome = measure(&node, &manager, &tpl, &args).await;
     manager.shutdown().await;
     node.shutdown().await;

@@ -1,0 +1,123 @@
+//! The node's state in SQLite (`$SIESTA_HOME/siesta.db`): one row per
+//! sandbox, its metadata in a table of its own so lists can filter on it.
+//!
+//! - [`schema`]: the schema version table and the migrations;
+//! - [`rows`]: reading and writing sandbox rows;
+//! - [`query`]: list filters, ordering and cursor pagination.
+//!
+//! The database runs in WAL mode with `synchronous=FULL`: a committed state
+//! change (a pause above all) survives a `kill -9` of the server and a power
+//! loss. Calls are short and synchronous; one connection behind a mutex is
+//! plenty for one node.
+
+mod query;
+mod rows;
+mod schema;
+
+pub use query::{ListQuery, SortOrder};
+pub use schema::SCHEMA_VERSION;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
+
+use rusqlite::Connection;
+
+/// File name of the database in the data directory.
+pub const DB_FILE: &str = "siesta.db";
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("state database {path}: {what}: {source}")]
+    Sql {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: rusqlite::Error,
+    },
+    #[error("state database {path} has schema version {found}, newer than this siesta knows ({known}); upgrade siesta")]
+    TooNew {
+        path: PathBuf,
+        found: u32,
+        known: u32,
+    },
+    #[error("invalid list cursor (next token): {0}")]
+    BadCursor(String),
+}
+
+pub type StoreResult<T> = std::result::Result<T, StoreError>;
+
+pub struct Store {
+    path: PathBuf,
+    conn: Mutex<Connection>,
+}
+
+impl Store {
+    /// Opens (creating if needed) the database at `path` and brings its
+    /// schema up to date.
+    pub fn open(path: &Path) -> StoreResult<Self> {
+        let conn = Connection::open(path).map_err(|source| StoreError::Sql {
+            what: "opening",
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::init(conn, path.to_path_buf())
+    }
+
+    /// A private in-memory database: benches and tests that keep no state.
+    pub fn in_memory() -> StoreResult<Self> {
+        let path = PathBuf::from(":memory:");
+        let conn = Connection::open_in_memory().map_err(|source| StoreError::Sql {
+            what: "opening",
+            path: path.clone(),
+            source,
+        })?;
+        Self::init(conn, path)
+    }
+
+    fn init(mut conn: Connection, path: PathBuf) -> StoreResult<Self> {
+        let sql = |what| {
+            let path = path.clone();
+            move |source| StoreError::Sql { what, path, source }
+        };
+        // WAL: readers never block the writer; FULL: a commit is on disk
+        // when it returns (a paused sandbox must survive kill -9).
+        let _mode: String = conn
+            .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
+            .map_err(sql("enabling WAL"))?;
+        conn.execute_batch(
+            "PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON; PRAGMA busy_timeout=5000;",
+        )
+        .map_err(sql("setting pragmas"))?;
+        schema::migrate(&mut conn, &path)?;
+        Ok(Self {
+            path,
+            conn: Mutex::new(conn),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The schema version the database is at.
+    pub fn version(&self) -> StoreResult<u32> {
+        schema::current_version(&self.lock(), &self.path)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Connection> {
+        // A panic while holding the lock leaves the connection usable:
+        // every write is one transaction, rolled back if it did not finish.
+        self.conn.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn err(&self, what: &'static str) -> impl Fn(rusqlite::Error) -> StoreError + '_ {
+        move |source| StoreError::Sql {
+            what,
+            path: self.path.clone(),
+            source,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
