@@ -7,6 +7,7 @@
 
 mod api_key;
 mod error;
+pub mod proxy;
 mod routes;
 
 pub use api_key::load_or_create_api_key;
@@ -26,7 +27,8 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::bind(listen).await?;
     tracing::info!(%listen, "siesta server listening");
-    let app = router(AppState { manager, api_key });
+    let targets = Arc::new(proxy::ManagerTargets(manager.clone()));
+    let app = proxy::front(router(AppState { manager, api_key }), targets);
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await

@@ -1,0 +1,60 @@
+//! The envd front door: requests for a sandbox (by `E2b-Sandbox-Id` header
+//! or `{port}-{sandboxID}.{domain}` host, see [`route`]) are forwarded to
+//! that sandbox's port, streaming both ways ([`forward`]); a paused sandbox
+//! is resumed first ([`target`]). Every other request goes on to the control
+//! API. The agent in the guest checks `X-Access-Token` itself.
+
+mod error;
+mod forward;
+mod route;
+mod target;
+mod upgrade;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+
+pub use error::ProxyError;
+pub use route::{
+    route_of, route_of_host, Route, ENVD_PORT, SANDBOX_ID_HEADER, SANDBOX_PORT_HEADER,
+};
+pub use target::{ManagerTargets, SandboxTargets, TargetError};
+
+/// Puts the proxy in front of `app`: sandbox requests never reach it.
+pub fn front(app: Router, targets: Arc<dyn SandboxTargets>) -> Router {
+    app.layer(axum::middleware::from_fn_with_state(targets, dispatch))
+}
+
+async fn dispatch(
+    State(targets): State<Arc<dyn SandboxTargets>>,
+    req: Request,
+    next: Next,
+) -> Response {
+    match route_of(req.headers(), req.uri()) {
+        Ok(None) => next.run(req).await,
+        Ok(Some(route)) => match proxy(targets.as_ref(), route, req).await {
+            Ok(resp) => resp,
+            Err(e) => e.into_response(),
+        },
+        Err(e) => ProxyError::from(e).into_response(),
+    }
+}
+
+async fn proxy(
+    targets: &dyn SandboxTargets,
+    route: Route,
+    req: Request,
+) -> Result<Response, ProxyError> {
+    let ip = targets
+        .address(&route.sandbox_id)
+        .await
+        .map_err(|source| ProxyError::Target {
+            id: route.sandbox_id.clone(),
+            source,
+        })?;
+    forward::forward(&route.sandbox_id, SocketAddr::new(ip, route.port), req).await
+}

@@ -1,0 +1,85 @@
+//! Where a sandbox is: the address at which this host reaches it, resuming
+//! it first when it is paused (auto-resume).
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use siesta_sandbox::sandbox::SandboxState;
+use siesta_sandbox::{Error, SandboxManager};
+
+/// Why a sandbox cannot be reached. The messages are part of the wire
+/// contract: the SDK maps a 502 whose message contains "was not found" to
+/// `SandboxNotRunningException` (`e2b-contract.md` §3.1).
+#[derive(Debug, thiserror::Error)]
+pub enum TargetError {
+    #[error("The sandbox {id} was not found")]
+    NotFound { id: String },
+    #[error("The sandbox {id} is paused and could not be resumed: {detail}")]
+    ResumeFailed { id: String, detail: String },
+    /// The SDK treats this like a missing sandbox (not running), as it is.
+    #[error("The sandbox {id} was not found running: its VM is gone")]
+    Dead { id: String },
+    #[error("The sandbox {id} is not reachable: {detail}")]
+    Unavailable { id: String, detail: String },
+}
+
+/// Looks sandboxes up for the proxy.
+#[async_trait::async_trait]
+pub trait SandboxTargets: Send + Sync + 'static {
+    /// The IP address of running sandbox `id` (every port on it reaches the
+    /// guest), after resuming it if it was paused.
+    async fn address(&self, id: &str) -> Result<IpAddr, TargetError>;
+}
+
+/// The node's sandboxes, through its manager.
+pub struct ManagerTargets(pub Arc<SandboxManager>);
+
+#[async_trait::async_trait]
+impl SandboxTargets for ManagerTargets {
+    async fn address(&self, id: &str) -> Result<IpAddr, TargetError> {
+        let not_found = || TargetError::NotFound { id: id.to_string() };
+        // Two rounds: a concurrent request may resume the sandbox between
+        // our look-up and our resume, which then reports the wrong state.
+        for _ in 0..2 {
+            let info = match self.0.get(id).await {
+                Ok(info) => info,
+                Err(Error::SandboxNotFound { .. }) => return Err(not_found()),
+                Err(e) => return Err(unavailable(id, e)),
+            };
+            if info.state == SandboxState::Dead {
+                return Err(TargetError::Dead { id: id.to_string() });
+            }
+            if info.state == SandboxState::Paused {
+                tracing::info!(
+                    sandbox = id,
+                    "auto-resuming paused sandbox for a proxied request"
+                );
+                match self.0.resume(id).await {
+                    Ok(info) => return running_address(id, info.agent_addr),
+                    Err(Error::SandboxNotFound { .. }) => return Err(not_found()),
+                    Err(Error::WrongState { .. }) => continue,
+                    Err(e) => {
+                        return Err(TargetError::ResumeFailed {
+                            id: id.to_string(),
+                            detail: e.to_string(),
+                        })
+                    }
+                }
+            }
+            return running_address(id, info.agent_addr);
+        }
+        Err(unavailable(id, "its state keeps changing"))
+    }
+}
+
+fn running_address(id: &str, addr: Option<std::net::SocketAddr>) -> Result<IpAddr, TargetError> {
+    addr.map(|a| a.ip())
+        .ok_or_else(|| unavailable(id, "it has no network address (is it running?)"))
+}
+
+fn unavailable(id: &str, detail: impl std::fmt::Display) -> TargetError {
+    TargetError::Unavailable {
+        id: id.to_string(),
+        detail: detail.to_string(),
+    }
+}
