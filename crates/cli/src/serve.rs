@@ -37,13 +37,47 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     println!("  export E2B_API_URL=http://{}", args.listen);
     println!("  export E2B_SANDBOX_URL=http://{}", args.listen);
     println!("  export E2B_API_KEY={api_key}");
-    let served = siesta_server::serve(args.listen, manager.clone(), api_key, stop_signal()).await;
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let mut server = tokio::spawn(siesta_server::serve(
+        args.listen,
+        manager.clone(),
+        api_key,
+        async {
+            let _ = stop_rx.await;
+        },
+    ));
+    // The server may end by itself (it could not bind): then no signal.
+    let ended = tokio::select! {
+        r = &mut server => Some(r),
+        _ = stop_signal() => None,
+    };
+    // Pause first: a graceful HTTP shutdown waits for every connection, and
+    // a long-lived envd stream must not keep sandboxes from being saved.
+    // Pausing ends those streams; new creates and resumes are refused.
     tracing::info!("shutting down: pausing running sandboxes");
     manager.shutdown().await;
+    let served = match ended {
+        Some(r) => r,
+        None => {
+            let _ = stop_tx.send(());
+            match tokio::time::timeout(HTTP_DRAIN, server).await {
+                Ok(r) => r,
+                Err(_) => {
+                    tracing::warn!("connections still open after {HTTP_DRAIN:?}: closing them");
+                    Ok(Ok(()))
+                }
+            }
+        }
+    };
     node.shutdown().await;
-    served.with_context(|| format!("serving on {}", args.listen))?;
+    served
+        .context("server task")?
+        .with_context(|| format!("serving on {}", args.listen))?;
     Ok(ExitCode::SUCCESS)
 }
+
+/// How long open HTTP connections may take to finish after a stop signal.
+const HTTP_DRAIN: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Resolves on SIGINT (Ctrl-C) or SIGTERM (`kill`, systemd, `make down`):
 /// either way running sandboxes are paused, not lost.

@@ -205,15 +205,13 @@ impl SandboxManager {
         Ok(info)
     }
 
-    /// Every sandbox (running, paused and dead), oldest first.
+    /// Every sandbox (running, paused and dead), oldest first, as last
+    /// committed: it never waits for a sandbox busy pausing or resuming.
     pub async fn list(&self) -> Vec<SandboxInfo> {
-        let all: Vec<_> = self.sandboxes.lock().await.values().cloned().collect();
-        let mut out = Vec::with_capacity(all.len());
-        for s in all {
-            out.push(s.lock().await.info());
-        }
-        out.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
-        out
+        self.store.all().unwrap_or_else(|e| {
+            tracing::error!("listing sandboxes: {e}");
+            Vec::new()
+        })
     }
 
     /// One page of the sandboxes matching `q`, and the token of the next
@@ -246,8 +244,12 @@ impl SandboxManager {
         Ok(sb)
     }
 
+    /// Sandbox `id` as last committed (a pause or resume in progress shows
+    /// the state before it; this never waits for one).
     pub async fn get(&self, id: &str) -> Result<SandboxInfo> {
-        Ok(self.get_entry(id).await?.lock().await.info())
+        self.store
+            .get(id)?
+            .ok_or_else(|| Error::SandboxNotFound { id: id.to_string() })
     }
 
     /// A client for the agent of running sandbox `id`.
