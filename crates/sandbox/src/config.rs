@@ -46,6 +46,10 @@ pub struct NodeConfig {
     /// Tag of this instance's network namespaces (`siesta-<tag>-<n>`); tests
     /// use their own so they never touch a running server's slots.
     pub net_tag: String,
+    /// The /16 (or other) the slots' addresses come from; two instances on
+    /// one host need different ones (`SIESTA_NET_SUBNET`, default
+    /// 10.250.0.0/16).
+    pub net_subnet: siesta_net::Subnet,
     /// Extra kernel command-line arguments for templates built on this node
     /// (debugging; e.g. `siesta.init=/bin/sh`).
     pub kernel_args: String,
@@ -68,13 +72,15 @@ impl NodeConfig {
             warm_slots: 2,
             max_slots: 64,
             net_tag: "s".to_string(),
+            net_subnet: siesta_net::Subnet::default(),
             kernel_args: String::new(),
             resume_ready_timeout: Duration::from_secs(30),
             boot_ready_timeout: Duration::from_secs(180),
         }
     }
 
-    /// Reads `SIESTA_HOME` (default `/var/lib/siesta`) and `SIESTA_ACCEL`.
+    /// Reads `SIESTA_HOME` (default `/var/lib/siesta`), `SIESTA_ACCEL`,
+    /// `SIESTA_NET_TAG` and `SIESTA_NET_SUBNET` (a second instance on the host).
     pub fn from_env() -> Result<Self, String> {
         let home = std::env::var_os("SIESTA_HOME")
             .map(PathBuf::from)
@@ -82,6 +88,15 @@ impl NodeConfig {
         let mut config = Self::new(home);
         if let Ok(accel) = std::env::var("SIESTA_ACCEL") {
             config.accel = accel.parse()?;
+        }
+        if let Ok(tag) = std::env::var("SIESTA_NET_TAG") {
+            siesta_net::Tag::new(&tag).map_err(|e| format!("SIESTA_NET_TAG: {e}"))?;
+            config.net_tag = tag;
+        }
+        if let Ok(subnet) = std::env::var("SIESTA_NET_SUBNET") {
+            config.net_subnet = subnet
+                .parse()
+                .map_err(|e| format!("SIESTA_NET_SUBNET: {e}"))?;
         }
         if let Some(qemu) = std::env::var_os("SIESTA_QEMU") {
             config.qemu = PathBuf::from(qemu);

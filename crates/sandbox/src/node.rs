@@ -35,6 +35,7 @@ impl Node {
             .map_err(|source| Error::vmm("node", source))?;
         let net = SlotPool::new(NetConfig {
             tag: config.net_tag.clone(),
+            subnet: config.net_subnet,
             capacity: config.max_slots,
             warm: config.warm_slots,
             ..NetConfig::default()
