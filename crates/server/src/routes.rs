@@ -41,6 +41,12 @@ pub fn router(state: AppState) -> Router {
         .route("/health", get(|| async { StatusCode::OK }))
         .merge(control)
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such endpoint") })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method not allowed on this endpoint",
+            )
+        })
         .with_state(state)
 }
 
