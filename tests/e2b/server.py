@@ -1,0 +1,141 @@
+"""A real `siesta serve` for the E2B SDK tests: its own SIESTA_HOME, network
+tag and subnet, started and stopped by pid."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def net_tag() -> str:
+    """A network tag of 1..6 lowercase letters, unique per test run."""
+    n = os.getpid()
+    letters = ""
+    for _ in range(4):
+        letters += chr(ord("a") + n % 26)
+        n //= 26
+    return "py" + letters
+
+
+def net_subnet() -> str:
+    """A /16 for this run's slots, away from the default 10.250.0.0/16."""
+    return f"10.{200 + os.getpid() % 40}.0.0/16"
+
+
+def netns_of(tag: str) -> list[str]:
+    out = subprocess.run(
+        ["ip", "netns", "list"], capture_output=True, text=True, check=False
+    ).stdout
+    return [
+        line.split()[0]
+        for line in out.splitlines()
+        if line.split() and line.split()[0].startswith(f"siesta-{tag}-")
+    ]
+
+
+def pids_using(path: Path) -> list[int]:
+    """Processes whose command line names `path` (VMMs of this home)."""
+    needle = str(path).encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if needle in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+class SiestaServer:
+    def __init__(self, binary: Path, home: Path, log: Path):
+        self.binary = binary
+        self.home = home
+        self.log_path = log
+        self.port = free_port()
+        self.tag = net_tag()
+        self.subnet = net_subnet()
+        self.proc: subprocess.Popen | None = None
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            SIESTA_HOME=str(self.home),
+            SIESTA_NET_TAG=self.tag,
+            SIESTA_NET_SUBNET=self.subnet,
+            RUST_LOG=os.environ.get("RUST_LOG", "info"),
+        )
+        return env
+
+    def start(self, timeout: float = 180) -> None:
+        log = open(self.log_path, "ab")
+        log.write(f"\n=== siesta serve on {self.url} ===\n".encode())
+        log.flush()
+        self.proc = subprocess.Popen(
+            [str(self.binary), "serve", "--listen", f"127.0.0.1:{self.port}"],
+            env=self.env(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"siesta serve exited with {self.proc.returncode}:\n{self.log_tail()}"
+                )
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code < 500:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"siesta serve not up after {timeout} s:\n{self.log_tail()}")
+
+    def api_key(self) -> str:
+        return (self.home / "secrets" / "api-key").read_text().strip()
+
+    def stop(self, grace: float = 90) -> None:
+        """SIGTERM (the server pauses its sandboxes), then SIGKILL by pid."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=30)
+        self.proc = None
+
+    def kill9(self) -> None:
+        """Crashes the server: SIGKILL by pid, nothing is paused or cleaned."""
+        assert self.proc is not None and self.proc.poll() is None
+        self.proc.kill()
+        self.proc.wait(timeout=30)
+        self.proc = None
+
+    def log_tail(self, lines: int = 60) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])

@@ -1,0 +1,43 @@
+"""Error cases the SDK turns into its own exceptions."""
+
+import os
+
+import pytest
+from e2b import (
+    AuthenticationException,
+    Sandbox,
+    SandboxException,
+    SandboxNotFoundException,
+)
+
+MISSING = "nosuchsandbox0000000"
+
+
+def test_unknown_sandbox(siesta):
+    with pytest.raises(SandboxNotFoundException):
+        Sandbox.connect(MISSING)
+    with pytest.raises(SandboxNotFoundException):
+        Sandbox.get_info(MISSING)
+    assert Sandbox.kill(MISSING) is False
+
+
+def test_envd_call_to_a_killed_sandbox(siesta):
+    box = Sandbox.create(template="base", timeout=120)
+    box.kill()
+    assert box.is_running() is False
+    with pytest.raises(SandboxException) as exc:
+        box.commands.run("echo never")
+    assert "was not found" in str(exc.value)
+
+
+def test_bad_template(siesta):
+    with pytest.raises(SandboxException):
+        Sandbox.create(template="no-such-template-xyz", timeout=60)
+
+
+def test_bad_api_key(siesta):
+    with pytest.raises(AuthenticationException):
+        Sandbox.create(template="base", api_key="siesta_wrong")
+    with pytest.raises(AuthenticationException):
+        Sandbox.list(api_key="siesta_wrong").next_items()
+    assert os.environ["E2B_API_KEY"] != "siesta_wrong"

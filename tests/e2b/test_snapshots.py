@@ -1,0 +1,80 @@
+"""Snapshots and forks of a running sandbox. Where the server does not offer
+the endpoint yet (404 or 501), the test is an expected failure that says so."""
+
+import pytest
+from e2b import Sandbox, SandboxException, SandboxNotFoundException
+
+
+def _unsupported(exc: Exception, source) -> bool:
+    """A 404 or 501 for a sandbox that exists: the endpoint is missing."""
+    text = str(exc)
+    if text.startswith("501") or "no such endpoint" in text:
+        return True
+    if isinstance(exc, SandboxNotFoundException) or text.startswith("404"):
+        return Sandbox.get_info(source.sandbox_id).sandbox_id == source.sandbox_id
+    return False
+
+
+@pytest.fixture(scope="module")
+def source(siesta):
+    box = Sandbox.create(template="base", timeout=600)
+    try:
+        box.files.write("/home/user/origin.txt", "from-the-source")
+        yield box
+    finally:
+        Sandbox.kill(box.sandbox_id)
+
+
+def test_snapshot_and_start_from_it(source):
+    try:
+        snap = source.create_snapshot()
+    except SandboxException as e:
+        if _unsupported(e, source):
+            pytest.xfail(f"snapshot endpoint not offered by the server: {e}")
+        raise
+    assert snap.snapshot_id
+    # The source keeps running.
+    assert source.commands.run("cat /home/user/origin.txt").stdout == "from-the-source"
+    child = Sandbox.create(template=snap.snapshot_id, timeout=300)
+    try:
+        assert child.sandbox_id != source.sandbox_id
+        assert child.files.read("/home/user/origin.txt") == "from-the-source"
+        # The child's files are its own.
+        child.files.write("/home/user/origin.txt", "changed-in-child")
+        assert source.files.read("/home/user/origin.txt") == "from-the-source"
+    finally:
+        child.kill()
+    listed = [s.snapshot_id for s in _all(Sandbox.list_snapshots(sandbox_id=source.sandbox_id))]
+    assert snap.snapshot_id in listed
+    assert Sandbox.delete_snapshot(snap.snapshot_id) is True
+    assert Sandbox.delete_snapshot(snap.snapshot_id) is False
+
+
+def _all(paginator):
+    items = []
+    while paginator.has_next:
+        items += paginator.next_items()
+    return items
+
+
+def test_fork(source):
+    try:
+        forks = source.fork(count=2, timeout=300)
+    except SandboxException as e:
+        if _unsupported(e, source):
+            pytest.xfail(f"fork endpoint not offered by the server: {e}")
+        raise
+    try:
+        assert len(forks) == 2
+        for f in forks:
+            assert not isinstance(f, Exception), f
+            assert f.sandbox_id != source.sandbox_id
+            assert f.files.read("/home/user/origin.txt") == "from-the-source"
+        assert forks[0].sandbox_id != forks[1].sandbox_id
+        forks[0].files.write("/home/user/origin.txt", "fork-0")
+        assert forks[1].files.read("/home/user/origin.txt") == "from-the-source"
+        assert source.commands.run("echo alive").stdout == "alive\n"
+    finally:
+        for f in forks:
+            if not isinstance(f, Exception):
+                f.kill()
