@@ -63,8 +63,17 @@ impl ProxyError {
 impl IntoResponse for ProxyError {
     fn into_response(self) -> Response {
         let status = self.status();
-        if status.is_server_error() {
-            tracing::warn!("proxy: {self}");
+        // A missing sandbox or closed port is the client's business (the SDK
+        // probes with /health); a broken guest or failed resume is ours.
+        match &self {
+            ProxyError::Target {
+                source: TargetError::NotFound { .. } | TargetError::Dead { .. },
+                ..
+            }
+            | ProxyError::PortNotOpen { .. }
+            | ProxyError::Route(_)
+            | ProxyError::BadRequest { .. } => tracing::debug!("proxy: {self}"),
+            _ => tracing::warn!("proxy: {self}"),
         }
         let mut body = serde_json::json!({"code": status.as_u16(), "message": self.to_string()});
         if let (Some(id), Some(obj)) = (self.sandbox_id(), body.as_object_mut()) {

@@ -1,0 +1,57 @@
+"""The envd front door on its own: host-based routing to any port a program
+in the sandbox listens on, and the 502s the SDK maps."""
+
+import time
+
+import httpx
+import pytest
+
+
+def via_host(siesta, port, sandbox_id, path="/", **kw):
+    return httpx.get(
+        f"{siesta.url}{path}",
+        headers={"Host": f"{port}-{sandbox_id}.siesta.localhost"},
+        timeout=30,
+        **kw,
+    )
+
+
+def test_host_routing_reaches_envd(siesta, sbx):
+    assert via_host(siesta, 49983, sbx.sandbox_id, "/health").status_code == 204
+
+
+def test_host_routing_reaches_a_program_in_the_sandbox(siesta, sbx):
+    has_python = sbx.commands.run("command -v python3 || true").stdout.strip()
+    if not has_python:
+        pytest.skip("the base image has no python3 to serve HTTP with")
+    sbx.files.write("/home/user/www/hello.txt", "served from the sandbox")
+    server = sbx.commands.run(
+        "cd /home/user/www && exec python3 -m http.server 8000",
+        background=True,
+        timeout=0,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            resp = via_host(siesta, 8000, sbx.sandbox_id, "/hello.txt")
+            if resp.status_code == 200 or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert resp.status_code == 200, resp.text
+        assert resp.text == "served from the sandbox"
+    finally:
+        server.kill()
+
+
+def test_closed_port_is_502_port_is_not_open(siesta, sbx):
+    resp = via_host(siesta, 8999, sbx.sandbox_id, "/")
+    assert resp.status_code == 502
+    body = resp.json()
+    assert body["code"] == 502
+    assert "port is not open" in body["message"]
+
+
+def test_unknown_sandbox_is_502_was_not_found(siesta):
+    resp = via_host(siesta, 49983, "nosuchsandbox0000000", "/health")
+    assert resp.status_code == 502
+    assert "was not found" in resp.json()["message"]
