@@ -5,7 +5,9 @@
 
 mod bench;
 mod client;
+mod repo;
 mod serve;
+mod snapshot;
 mod stats;
 mod template;
 
@@ -28,6 +30,12 @@ enum Command {
     /// Create, inspect, pause, resume and kill sandboxes (through the server).
     #[command(subcommand)]
     Sandbox(client::SandboxCommand),
+    /// List and delete snapshots in this node's repository.
+    #[command(subcommand)]
+    Snapshot(snapshot::SnapshotCommand),
+    /// Check (and repair) the snapshot repository.
+    #[command(subcommand)]
+    Repo(repo::RepoCommand),
     /// Measure resume latency and the guest agent.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -55,6 +63,8 @@ fn main() -> std::process::ExitCode {
             Command::Template(cmd) => template::run(cmd).await,
             Command::Sandbox(cmd) => client::run(cmd).await,
             Command::Bench(cmd) => bench::run(cmd).await,
+            Command::Snapshot(cmd) => snapshot::run(cmd).await,
+            Command::Repo(cmd) => repo::run(cmd).await,
         }
     });
     match result {

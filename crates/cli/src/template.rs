@@ -49,8 +49,25 @@ pub async fn run(cmd: TemplateCommand) -> anyhow::Result<ExitCode> {
                 force,
             };
             let built = template::build_template(&node, &opts).await;
+            // The template is published; its startup manifest is recorded
+            // after, and a failure there leaves a usable template.
+            let manifest = match (&built, node.config.record_manifest) {
+                (Ok(t), true) => Some(template::record_startup_manifest(&node, t).await),
+                _ => None,
+            };
             node.shutdown().await;
             let t = built?;
+            match manifest {
+                Some(Ok(m)) => println!(
+                    "startup manifest: {:.1} MiB in {} ranges, {} samples until ready ({:.0} ms)",
+                    m.bytes as f64 / (1 << 20) as f64,
+                    m.ranges,
+                    m.samples,
+                    m.ready_ms
+                ),
+                Some(Err(e)) => eprintln!("warning: startup manifest not recorded: {e}"),
+                None => {}
+            }
             println!(
                 "template {} built: cold boot {:.0} ms, memory {} MiB allocated, state {} KiB ({} {}, {})",
                 t.record.name,

@@ -57,6 +57,12 @@ pub struct NodeConfig {
     pub resume_ready_timeout: Duration,
     /// How long a cold boot may take to answer `/health`.
     pub boot_ready_timeout: Duration,
+    /// Record a startup manifest after a template is published
+    /// (`SIESTA_RECORD_MANIFEST=0|1`).
+    pub record_manifest: bool,
+    /// Prefetch a snapshot's startup manifest while it resumes
+    /// (`SIESTA_PREFETCH=0|1`). See `docs/benchmarks.md` for why it is on.
+    pub prefetch: bool,
 }
 
 impl NodeConfig {
@@ -76,6 +82,8 @@ impl NodeConfig {
             kernel_args: String::new(),
             resume_ready_timeout: Duration::from_secs(30),
             boot_ready_timeout: Duration::from_secs(180),
+            record_manifest: true,
+            prefetch: true,
         }
     }
 
@@ -101,10 +109,28 @@ impl NodeConfig {
         if let Some(qemu) = std::env::var_os("SIESTA_QEMU") {
             config.qemu = PathBuf::from(qemu);
         }
+        if let Some(on) = env_flag("SIESTA_RECORD_MANIFEST")? {
+            config.record_manifest = on;
+        }
+        if let Some(on) = env_flag("SIESTA_PREFETCH")? {
+            config.prefetch = on;
+        }
         Ok(config)
     }
 
     pub fn layout(&self) -> crate::layout::Layout {
         crate::layout::Layout::new(&self.home)
+    }
+}
+
+/// `0` or `1` from the environment; unset is `None`.
+fn env_flag(name: &str) -> Result<Option<bool>, String> {
+    match std::env::var(name) {
+        Err(_) => Ok(None),
+        Ok(v) => match v.trim() {
+            "1" | "true" | "on" => Ok(Some(true)),
+            "0" | "false" | "off" => Ok(Some(false)),
+            other => Err(format!("{name}={other:?}: use 0 or 1")),
+        },
     }
 }

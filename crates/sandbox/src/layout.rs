@@ -3,7 +3,10 @@
 //! ```text
 //! $SIESTA_HOME/
 //!   assets/      vmlinuz, initramfs.img, rootfs-<image>.img (guest/build-assets.sh)
+//!   repo/              the snapshot repository (siesta-snapshot; templates
+//!                      live there as snapshots aliased `template:<name>`)
 //!   templates/<name>/  template.json, memory.img, state.bin, disk.img
+//!                      (templates built before the repository; still read)
 //!   sandboxes/<id>/    sandbox.json, disk.qcow2, state.bin (when paused), run/
 //!   run/pool/<n>/      sockets and logs of pre-spawned VMM processes
 //! ```
@@ -33,6 +36,10 @@ impl Layout {
     /// The root filesystem image a template of `image` is built from.
     pub fn image(&self, image: &str) -> PathBuf {
         self.home.join(format!("assets/rootfs-{image}.img"))
+    }
+    /// The snapshot repository (see `docs/snapshots.md`).
+    pub fn repo(&self) -> PathBuf {
+        self.home.join("repo")
     }
     pub fn templates(&self) -> PathBuf {
         self.home.join("templates")

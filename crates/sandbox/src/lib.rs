@@ -13,6 +13,7 @@ pub mod ids;
 pub mod layout;
 mod lifecycle;
 pub mod manager;
+pub mod memory_prefetch;
 pub mod node;
 pub mod pool;
 mod recovery;

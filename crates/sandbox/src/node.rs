@@ -20,6 +20,8 @@ pub struct Node {
     pub config: NodeConfig,
     pub vmm: Arc<dyn Vmm>,
     pub net: SlotPool,
+    /// Startup-manifest prefetch, shared by every resume on this node.
+    pub prefetch: crate::memory_prefetch::MemoryPrefetch,
 }
 
 impl Node {
@@ -53,10 +55,12 @@ impl Node {
             vmm = %info.kind, version = %info.version, accelerator = %info.accel,
             "node started"
         );
+        let prefetch = crate::memory_prefetch::MemoryPrefetch::new(config.prefetch);
         Ok(Arc::new(Self {
             config,
             vmm: Arc::new(vmm),
             net,
+            prefetch,
         }))
     }
 

@@ -12,6 +12,13 @@
 //! | `guest_health`     | wait for the agent's `/health`          | same                               |
 //! | `agent_init`       | `POST /init`: clock, entropy, env, token| same                               |
 //!
+//! Beside them, in the background, `memory_prefetch` reads the template's
+//! startup manifest pages of the memory file into the page cache from the
+//! start of the resume; it is let go of when the guest answers `/health`
+//! and recorded apart (how long it ran, whether it finished before ready),
+//! so it never delays a resume. Both paths map the template's memory file,
+//! so both prefetch it.
+//!
 //! The template's memory file is mapped when the VMM is spawned (by the pool,
 //! off the critical path), so memory binding is not a stage of its own here;
 //! neither is the disk overlay's creation, which the pool does ahead of time.
@@ -24,6 +31,7 @@ use siesta_vmm::{VmInstance, VmmError};
 
 use crate::envd::InitParams;
 use crate::error::{Error, IoContext, Result};
+use crate::memory_prefetch::finish_at_ready;
 use crate::node::Node;
 use crate::pool::{incoming_spec, PooledVm, VmmPool};
 use crate::stages::{Stage, StageClock, StageTimings};
@@ -56,8 +64,9 @@ pub async fn from_template(
     params: &ResumeParams,
 ) -> Result<Resumed> {
     template.check_compatible(node.vmm.info())?;
-    template.record.verify_sizes(&template.dir)?;
+    template.verify_sizes()?;
     let mut clock = StageClock::start();
+    let prefetch = node.prefetch.start(&node.config.layout().repo(), template);
 
     let (entry, hit) = clock
         .time(Stage::VmmPoolAcquire, pool.acquire(template))
@@ -81,7 +90,8 @@ pub async fn from_template(
     if let Err(e) = bound {
         return Err(guard.fail(e).await);
     }
-    finish(node, clock, &template.state_path(), params, guard, dir).await
+    let state = template.state_path();
+    finish(node, clock, &state, params, guard, dir, prefetch).await
 }
 
 /// Resumes paused sandbox `id` from its own saved state and disk in `dir`.
@@ -97,6 +107,7 @@ pub async fn from_paused(
     let state = dir.join(crate::sandbox::STATE_FILE);
     let run_dir = dir.join("run");
     let mut clock = StageClock::start();
+    let prefetch = node.prefetch.start(&node.config.layout().repo(), template);
 
     let slot = clock
         .time(Stage::NetworkSetup, node.acquire_slot(id))
@@ -125,7 +136,16 @@ pub async fn from_paused(
     };
     // A failed resume of a paused sandbox keeps its disk and saved state.
     let guard = Cleanup::new(node, id.to_string(), vm, slot, run_dir);
-    finish(node, clock, &state, params, guard, dir.to_path_buf()).await
+    finish(
+        node,
+        clock,
+        &state,
+        params,
+        guard,
+        dir.to_path_buf(),
+        prefetch,
+    )
+    .await
 }
 
 /// The stages both paths share: policy, load, resume, health, init.
@@ -136,6 +156,7 @@ async fn finish(
     params: &ResumeParams,
     mut guard: Cleanup<'_>,
     dir: PathBuf,
+    prefetch: Option<siesta_snapshot::PrefetchHandle>,
 ) -> Result<Resumed> {
     let id = guard.id.clone();
     let vmm_err = |source| Error::vmm(id.clone(), source);
@@ -165,6 +186,9 @@ async fn finish(
             client.wait_healthy(node.config.resume_ready_timeout),
         )
         .await;
+    // Ready (or failed): the prefetch is accounted for and let go of;
+    // dropping the last claim cancels what it has not read yet.
+    finish_at_ready(&mut clock, prefetch);
     if let Err(e) = healthy {
         return Err(guard.fail(e).await);
     }

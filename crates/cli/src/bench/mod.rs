@@ -2,6 +2,9 @@
 //! by side in one run (never timing assertions in tests).
 
 mod agent;
+mod compare;
+mod pagecache;
+mod paired;
 mod resume;
 
 use std::process::ExitCode;

@@ -22,9 +22,18 @@ pub struct ResumeArgs {
     /// Print one JSON object instead of tables.
     #[arg(long)]
     json: bool,
+    /// Run a randomized-block comparison instead (see `bench/compare.rs`).
+    #[arg(long, value_enum)]
+    compare: Option<super::compare::Compare>,
+    /// Blocks of the comparison (each runs every condition once).
+    #[arg(long, default_value_t = 8)]
+    blocks: usize,
 }
 
 pub async fn run(args: ResumeArgs) -> anyhow::Result<ExitCode> {
+    if let Some(what) = args.compare {
+        return super::compare::run(what, &args.template, args.blocks, args.json).await;
+    }
     let mut config = NodeConfig::from_env().map_err(anyhow::Error::msg)?;
     config.net_tag = "n".into(); // never the server's slots
     let layout = config.layout();

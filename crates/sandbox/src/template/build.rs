@@ -7,7 +7,7 @@ use siesta_vmm::{
     DiskFormat, DiskSpec, LaunchMode, LaunchSpec, MemoryBacking, MemorySave, VmInstance,
 };
 
-use super::record::{self, file_record, sync_dir, TemplateRecord};
+use super::record::{self, file_record, TemplateRecord};
 use super::{is_complete, Template};
 use crate::error::{Error, IoContext, Result};
 use crate::layout::validate_name;
@@ -24,13 +24,13 @@ pub struct BuildOptions {
 }
 
 /// Builds template `opts.name` and returns it. The template appears
-/// atomically: it is assembled in a hidden directory and renamed into place
-/// only once every file and its record are synced.
+/// atomically: it is assembled in a hidden directory, then published into
+/// the snapshot repository (see `publish.rs`). Its startup manifest is
+/// recorded afterwards ([`super::record_startup_manifest`]).
 pub async fn build_template(node: &Node, opts: &BuildOptions) -> Result<Template> {
     validate_name("template", &opts.name).map_err(Error::Invalid)?;
     let layout = node.config.layout();
-    let final_dir = layout.template_dir(&opts.name);
-    if is_complete(&final_dir) && !opts.force {
+    if Template::open(&layout, &opts.name).is_ok() && !opts.force {
         return Err(Error::Invalid(format!(
             "template {:?} already exists (use --force to rebuild it)",
             opts.name
@@ -47,13 +47,16 @@ pub async fn build_template(node: &Node, opts: &BuildOptions) -> Result<Template
             return Err(e);
         }
     };
-    if final_dir.exists() {
-        std::fs::remove_dir_all(&final_dir).ctx("removing old template", &final_dir)?;
+    let published = super::publish::publish_template(&layout, &record, &work);
+    let _ = std::fs::remove_dir_all(&work);
+    let template = published?;
+    // A rebuilt template replaces one from before the repository too.
+    let legacy = layout.template_dir(&opts.name);
+    if is_complete(&legacy) {
+        let _ = std::fs::remove_dir_all(&legacy);
     }
-    std::fs::rename(&work, &final_dir).ctx("publishing template", &final_dir)?;
-    sync_dir(&layout.templates())?;
     tracing::info!(template = %opts.name, cold_boot_ms = record.cold_boot_ms, "template built");
-    Template::open(&layout, &opts.name)
+    Ok(template)
 }
 
 /// Cold-boots `image` (over a throwaway overlay) until its agent answers and

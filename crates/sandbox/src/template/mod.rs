@@ -2,27 +2,54 @@
 //! resuming one.
 
 mod build;
+mod manifest;
+mod publish;
 pub mod record;
 
 pub use build::{build_template, cold_boot, BuildOptions};
+pub use manifest::{record_startup_manifest, spawn_manifest_recording, RecordedManifest};
 pub use record::TemplateRecord;
 
 use std::path::{Path, PathBuf};
+
+use siesta_snapshot::record::{DISK, MEMORY, STATE};
+use siesta_snapshot::{RepoError, Repository, SnapshotRecord};
 
 use crate::error::{Error, Result};
 use crate::layout::{validate_name, Layout};
 
 /// A template that exists on disk, with its record loaded.
+///
+/// Templates are snapshots in the repository, aliased `template:<name>`;
+/// their memory and disk are shared blobs. A template directory from before
+/// the repository (`templates/<name>/`) is still opened, without manifest.
 #[derive(Debug, Clone)]
 pub struct Template {
+    /// The snapshot's directory (or the legacy template directory).
     pub dir: PathBuf,
     pub record: TemplateRecord,
+    pub memory: PathBuf,
+    pub state: PathBuf,
+    pub disk: PathBuf,
+    /// The repository record; `None` for a legacy directory template.
+    pub snapshot: Option<SnapshotRecord>,
+}
+
+/// The alias of template `name` in the repository.
+pub fn alias(name: &str) -> String {
+    format!("template:{name}")
 }
 
 impl Template {
     /// Opens template `name`; a missing one is `TemplateNotFound`.
     pub fn open(layout: &Layout, name: &str) -> Result<Self> {
         validate_name("template", name).map_err(Error::Invalid)?;
+        let repo = Repository::open(layout.repo())?;
+        match repo.resolve(&alias(name)) {
+            Ok(snap) => return Self::from_snapshot(&repo, snap),
+            Err(RepoError::NotFound(_)) => {}
+            Err(e) => return Err(e.into()),
+        }
         let dir = layout.template_dir(name);
         if !dir.join(record::RECORD_FILE).exists() {
             return Err(Error::TemplateNotFound {
@@ -30,17 +57,54 @@ impl Template {
             });
         }
         let record = TemplateRecord::load(&dir)?;
-        Ok(Self { dir, record })
+        Ok(Self {
+            memory: dir.join(record::MEMORY_FILE),
+            state: dir.join(record::STATE_FILE),
+            disk: dir.join(record::DISK_FILE),
+            dir,
+            record,
+            snapshot: None,
+        })
+    }
+
+    fn from_snapshot(repo: &Repository, snap: SnapshotRecord) -> Result<Self> {
+        let dir = repo.snapshot_dir(&snap.id);
+        let record: TemplateRecord =
+            serde_json::from_value(snap.meta.clone()).map_err(|e| Error::CorruptSnapshot {
+                path: dir.clone(),
+                detail: format!("bad template record: {e}"),
+            })?;
+        Ok(Self {
+            memory: repo.file_path(&snap, MEMORY)?,
+            state: repo.file_path(&snap, STATE)?,
+            disk: repo.file_path(&snap, DISK)?,
+            dir,
+            record,
+            snapshot: Some(snap),
+        })
     }
 
     pub fn memory_path(&self) -> PathBuf {
-        self.dir.join(record::MEMORY_FILE)
+        self.memory.clone()
     }
     pub fn state_path(&self) -> PathBuf {
-        self.dir.join(record::STATE_FILE)
+        self.state.clone()
     }
     pub fn disk_path(&self) -> PathBuf {
-        self.dir.join(record::DISK_FILE)
+        self.disk.clone()
+    }
+
+    /// Checks the sizes of the snapshot files (cheap, done on every restore).
+    pub fn verify_sizes(&self) -> Result<()> {
+        let r = &self.record;
+        for (path, f) in [
+            (&self.memory, &r.memory),
+            (&self.state, &r.state),
+            (&self.disk, &r.disk),
+        ] {
+            record::check_size(path, f)?;
+        }
+        Ok(())
     }
 
     /// Refuses a snapshot made by another VMM kind, version, machine type
@@ -57,8 +121,16 @@ impl Template {
 
 /// Every template under the data directory, by name.
 pub fn list(layout: &Layout) -> Result<Vec<Template>> {
-    let root = layout.templates();
+    let repo = Repository::open(layout.repo())?;
     let mut out = Vec::new();
+    for (alias, _) in repo.aliases()? {
+        if let Some(name) = alias.strip_prefix("template:") {
+            if let Ok(t) = Template::open(layout, name) {
+                out.push(t);
+            }
+        }
+    }
+    let root = layout.templates();
     let entries = match std::fs::read_dir(&root) {
         Ok(e) => e,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
@@ -75,6 +147,9 @@ pub fn list(layout: &Layout) -> Result<Vec<Template>> {
         if name.starts_with('.') {
             continue; // a build in progress or left by a crash
         }
+        if out.iter().any(|t| t.record.name == name) {
+            continue; // rebuilt into the repository; the alias wins
+        }
         if let Ok(t) = Template::open(layout, &name) {
             out.push(t);
         }
@@ -85,4 +160,16 @@ pub fn list(layout: &Layout) -> Result<Vec<Template>> {
 
 pub(crate) fn is_complete(dir: &Path) -> bool {
     dir.join(record::RECORD_FILE).exists()
+}
+
+impl From<RepoError> for Error {
+    fn from(e: RepoError) -> Self {
+        match e {
+            RepoError::Io { what, path, source } => Error::Io { what, path, source },
+            other => Error::Command {
+                what: "snapshot repository".into(),
+                detail: other.to_string(),
+            },
+        }
+    }
 }

@@ -64,20 +64,10 @@ impl TemplateRecord {
         sync_dir(dir)
     }
 
-    /// Checks sizes of the snapshot files (cheap, done on every restore).
+    /// Checks sizes of the snapshot files in a legacy template directory.
     pub fn verify_sizes(&self, dir: &Path) -> Result<()> {
         for f in [&self.memory, &self.state, &self.disk] {
-            let path = dir.join(&f.name);
-            let meta = std::fs::metadata(&path).map_err(|e| Error::CorruptSnapshot {
-                path: path.clone(),
-                detail: format!("cannot stat: {e}"),
-            })?;
-            if meta.len() != f.size {
-                return Err(Error::CorruptSnapshot {
-                    path,
-                    detail: format!("size {} but the record says {}", meta.len(), f.size),
-                });
-            }
+            check_size(&dir.join(&f.name), f)?;
         }
         Ok(())
     }
@@ -98,6 +88,21 @@ impl TemplateRecord {
         }
         Ok(())
     }
+}
+
+/// A snapshot file whose size is not the recorded one is corrupt.
+pub(crate) fn check_size(path: &Path, f: &FileRecord) -> Result<()> {
+    let meta = std::fs::metadata(path).map_err(|e| Error::CorruptSnapshot {
+        path: path.to_path_buf(),
+        detail: format!("cannot stat: {e}"),
+    })?;
+    if meta.len() != f.size {
+        return Err(Error::CorruptSnapshot {
+            path: path.to_path_buf(),
+            detail: format!("size {} but the record says {}", meta.len(), f.size),
+        });
+    }
+    Ok(())
 }
 
 /// Size, allocation and SHA-256 of a file.
