@@ -101,7 +101,13 @@ pub async fn run(cmd: SandboxCommand) -> anyhow::Result<ExitCode> {
             println!("{}", v["sandboxID"].as_str().unwrap_or_default());
         }
         SandboxCommand::List => {
-            let (_, v) = api.call(Method::GET, "/v2/sandboxes", None).await?;
+            let (_, v) = api
+                .call(
+                    Method::GET,
+                    "/v2/sandboxes?state=running%2Cpaused%2Cdead&limit=1000",
+                    None,
+                )
+                .await?;
             println!("{:<22} {:<12} {:<8} STARTED", "ID", "TEMPLATE", "STATE");
             for s in v.as_array().into_iter().flatten() {
                 println!(

@@ -5,9 +5,12 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use siesta_sandbox::Error;
 
+#[derive(Debug)]
 pub struct ApiError {
     pub status: StatusCode,
     pub message: String,
+    /// E2B's machine-readable `error_code`, where the SDK acts on one.
+    pub error_code: Option<&'static str>,
 }
 
 impl ApiError {
@@ -15,13 +18,17 @@ impl ApiError {
         Self {
             status,
             message: message.into(),
+            error_code: None,
         }
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = serde_json::json!({"code": self.status.as_u16(), "message": self.message});
+        let mut body = serde_json::json!({"code": self.status.as_u16(), "message": self.message});
+        if let Some(code) = self.error_code {
+            body["error_code"] = code.into();
+        }
         (self.status, Json(body)).into_response()
     }
 }
@@ -32,7 +39,13 @@ impl From<Error> for ApiError {
             Error::TemplateNotFound { .. } | Error::SandboxNotFound { .. } => StatusCode::NOT_FOUND,
             Error::WrongState { .. } => StatusCode::CONFLICT,
             Error::Invalid(_) => StatusCode::BAD_REQUEST,
-            Error::GuestNotReady { .. } => StatusCode::GATEWAY_TIMEOUT,
+            // The SDK turns this code into GuestUnresponsiveException.
+            Error::GuestNotReady { .. } => {
+                let mut err = Self::new(StatusCode::CONFLICT, e.to_string());
+                err.error_code = Some("sandbox_snapshot_guest_agent_unresponsive");
+                return err;
+            }
+            Error::Incompatible { .. } => StatusCode::CONFLICT,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
         Self::new(status, e.to_string())

@@ -7,10 +7,12 @@
 
 mod api_key;
 mod error;
+mod metrics;
 pub mod proxy;
 mod routes;
 
 pub use api_key::load_or_create_api_key;
+pub use metrics::Metrics;
 pub use routes::{router, AppState};
 
 use std::net::SocketAddr;
@@ -28,7 +30,12 @@ pub async fn serve(
     let listener = tokio::net::TcpListener::bind(listen).await?;
     tracing::info!(%listen, "siesta server listening");
     let targets = Arc::new(proxy::ManagerTargets(manager.clone()));
-    let app = proxy::front(router(AppState { manager, api_key }), targets);
+    let state = AppState {
+        manager,
+        api_key,
+        metrics: Arc::new(Metrics::default()),
+    };
+    let app = proxy::front(router(state), targets);
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await

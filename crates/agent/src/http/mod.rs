@@ -6,6 +6,7 @@
 mod auth;
 mod files;
 mod init;
+mod metrics;
 pub mod sysinit;
 
 use axum::extract::DefaultBodyLimit;
@@ -25,6 +26,7 @@ pub fn routes() -> Router<AgentState> {
         .route("/health", get(health))
         .route("/init", post(init::init))
         .route("/envs", get(init::envs))
+        .route("/metrics", get(metrics::metrics))
         .route(
             "/files",
             // Uploads are streamed to disk, so no body limit applies.

@@ -69,6 +69,8 @@ async fn measure(
         let info = manager
             .create(CreateRequest {
                 template: args.template.clone(),
+                // The API's default: internet allowed, as a pooled slot starts.
+                allow_internet: true,
                 ..Default::default()
             })
             .await

@@ -137,6 +137,28 @@ impl EnvdClient {
         Ok(())
     }
 
+    /// `GET /metrics`: the guest's CPU, memory and disk use (JSON as the
+    /// agent reports it).
+    pub async fn metrics(&self) -> Result<serde_json::Value> {
+        let mut req = self
+            .http
+            .get(format!("{}/metrics", self.base))
+            .timeout(Duration::from_secs(10));
+        if let Some(t) = &self.token {
+            req = req.header("X-Access-Token", t);
+        }
+        let resp = req
+            .send()
+            .await
+            .map_err(|e| self.agent_err(format!("/metrics: {e}")))?;
+        if !resp.status().is_success() {
+            return Err(self.agent_err(format!("/metrics answered {}", resp.status())));
+        }
+        resp.json()
+            .await
+            .map_err(|e| self.agent_err(format!("/metrics: {e}")))
+    }
+
     /// Runs `/bin/bash -l -c cmd` as `user`, calling `on_output` with each
     /// chunk (`true` for stdout) as it arrives; returns the exit code and
     /// everything printed.

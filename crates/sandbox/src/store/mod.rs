@@ -14,7 +14,7 @@ mod query;
 mod rows;
 mod schema;
 
-pub use query::{ListQuery, SortOrder};
+pub use query::{ListQuery, SortOrder, DEFAULT_LIMIT, MAX_LIMIT};
 pub use schema::SCHEMA_VERSION;
 
 use std::path::{Path, PathBuf};

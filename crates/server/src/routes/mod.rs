@@ -1,0 +1,124 @@
+//! The control API: the E2B subset the SDKs call, plus node endpoints.
+//!
+//! | file | endpoints |
+//! |---|---|
+//! | `sandboxes.rs` | create, list, get, kill, pause, connect/resume, timeout, metrics |
+//! | `templates.rs` | templates list |
+//! | `node.rs` | `/health`, Prometheus `/metrics`, `/openapi.yaml` |
+//! | `model.rs` | the JSON models (`Sandbox`, `SandboxDetail`, `ListedSandbox`) |
+//! | `query.rs` | the list query string (double-encoded metadata, comma states) |
+
+mod model;
+mod node;
+mod query;
+mod sandboxes;
+mod templates;
+
+use std::sync::Arc;
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{Request, State};
+use axum::http::StatusCode;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use siesta_sandbox::SandboxManager;
+
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+
+#[derive(Clone)]
+pub struct AppState {
+    pub manager: Arc<SandboxManager>,
+    pub api_key: String,
+    pub metrics: Arc<Metrics>,
+}
+
+pub fn router(state: AppState) -> Router {
+    let control = Router::new()
+        .route(
+            "/sandboxes",
+            post(sandboxes::create).get(sandboxes::list_v1),
+        )
+        .route(
+            "/v2/sandboxes",
+            post(sandboxes::create).get(sandboxes::list_v2),
+        )
+        .route(
+            "/sandboxes/{id}",
+            get(sandboxes::detail).delete(sandboxes::kill),
+        )
+        .route("/sandboxes/{id}/pause", post(sandboxes::pause))
+        .route("/sandboxes/{id}/connect", post(sandboxes::connect))
+        .route("/v2/sandboxes/{id}/connect", post(sandboxes::connect))
+        .route("/sandboxes/{id}/resume", post(sandboxes::connect))
+        .route("/sandboxes/{id}/timeout", post(sandboxes::set_timeout))
+        .route("/sandboxes/{id}/metrics", get(sandboxes::metrics))
+        .route("/templates", get(templates::list))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            require_api_key,
+        ));
+    Router::new()
+        .route("/health", get(node::health))
+        .route("/metrics", get(node::prometheus))
+        .route("/openapi.yaml", get(node::openapi))
+        .merge(control)
+        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such endpoint") })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method not allowed on this endpoint",
+            )
+        })
+        .with_state(state)
+}
+
+async fn require_api_key(State(st): State<AppState>, req: Request, next: Next) -> Response {
+    let given = req
+        .headers()
+        .get("x-api-key")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if !constant_time_eq(given.as_bytes(), st.api_key.as_bytes()) {
+        let msg = if given.is_empty() {
+            "missing X-API-KEY header (the node's key is in $SIESTA_HOME/secrets/api-key)"
+        } else {
+            "invalid API key"
+        };
+        return ApiError::new(StatusCode::UNAUTHORIZED, msg).into_response();
+    }
+    next.run(req).await
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// A JSON body whose every parse failure is a 400 JSON error naming what
+/// was wrong (a missing field, a wrong type, bad JSON).
+pub(crate) fn body<T>(parsed: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
+    parsed.map(|Json(v)| v).map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!("invalid request body: {}", e.body_text()),
+        )
+    })
+}
+
+/// Like [`body`], but an empty body means the type's default (the SDK
+/// sends `{}` or nothing for optional bodies).
+pub(crate) fn optional_body<T: Default + serde::de::DeserializeOwned>(
+    bytes: &axum::body::Bytes,
+) -> Result<T, ApiError> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    serde_json::from_slice(bytes).map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!("invalid request body: {e}"),
+        )
+    })
+}

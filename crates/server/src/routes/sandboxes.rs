@@ -1,0 +1,225 @@
+//! Sandbox endpoints.
+
+use std::collections::HashMap;
+
+use axum::body::Bytes;
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+use serde_json::Value;
+use siesta_sandbox::sandbox::{Lifecycle, OnTimeout, SandboxState};
+use siesta_sandbox::CreateRequest;
+
+use super::{body, model, optional_body, query, AppState};
+use crate::error::ApiError;
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NewSandbox {
+    #[serde(rename = "templateID")]
+    template_id: String,
+    timeout: Option<u64>,
+    auto_pause: Option<bool>,
+    auto_resume: Option<AutoResume>,
+    #[serde(rename = "allow_internet_access")]
+    allow_internet_access: Option<bool>,
+    #[serde(default)]
+    metadata: HashMap<String, String>,
+    #[serde(default)]
+    env_vars: HashMap<String, String>,
+    lifecycle: Option<LifecycleBody>,
+}
+
+#[derive(Deserialize)]
+pub struct AutoResume {
+    enabled: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LifecycleBody {
+    on_timeout: Option<OnTimeout>,
+    auto_resume: Option<bool>,
+}
+
+impl NewSandbox {
+    /// A timeout pauses unless `autoPause` is false or the lifecycle says kill.
+    fn lifecycle(&self) -> Lifecycle {
+        let mut on_timeout = match self.auto_pause {
+            Some(false) => OnTimeout::Kill,
+            _ => OnTimeout::Pause,
+        };
+        let mut auto_resume = self.auto_resume.as_ref().is_some_and(|a| a.enabled);
+        if let Some(l) = &self.lifecycle {
+            on_timeout = l.on_timeout.unwrap_or(on_timeout);
+            auto_resume = l.auto_resume.unwrap_or(auto_resume);
+        }
+        Lifecycle {
+            on_timeout,
+            auto_resume,
+        }
+    }
+}
+
+pub async fn create(
+    State(st): State<AppState>,
+    req: Result<Json<NewSandbox>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let req = body(req)?;
+    let lifecycle = req.lifecycle();
+    let created = st
+        .manager
+        .create(CreateRequest {
+            template: req.template_id,
+            env_vars: req.env_vars,
+            metadata: req.metadata,
+            allow_internet: req.allow_internet_access.unwrap_or(true),
+            timeout_secs: req.timeout,
+            lifecycle,
+        })
+        .await;
+    st.metrics.observe_resume("create", &created);
+    let info = created?;
+    Ok((StatusCode::CREATED, Json(model::sandbox(&info))).into_response())
+}
+
+const LIVE: &[SandboxState] = &[SandboxState::Running, SandboxState::Paused];
+
+/// `GET /v2/sandboxes`: running and paused by default (`state=dead` shows
+/// sandboxes whose VM died), paged through the `x-next-token` header.
+pub async fn list_v2(
+    State(st): State<AppState>,
+    RawQuery(raw): RawQuery,
+) -> Result<Response, ApiError> {
+    let q = query::parse(raw.as_deref(), LIVE)?;
+    let (items, next) = st.manager.list_page(&q)?;
+    let mut headers = HeaderMap::new();
+    if let Some(token) = next {
+        if let Ok(v) = HeaderValue::from_str(&token) {
+            headers.insert("x-next-token", v);
+        }
+    }
+    let body: Vec<Value> = items.iter().map(model::listed).collect();
+    Ok((headers, Json(body)).into_response())
+}
+
+/// `GET /sandboxes` (v1): running sandboxes only.
+pub async fn list_v1(
+    State(st): State<AppState>,
+    RawQuery(raw): RawQuery,
+) -> Result<Json<Vec<Value>>, ApiError> {
+    let mut q = query::parse(raw.as_deref(), &[SandboxState::Running])?;
+    q.limit = Some(siesta_sandbox::store::MAX_LIMIT);
+    let (items, _) = st.manager.list_page(&q)?;
+    Ok(Json(items.iter().map(model::listed).collect()))
+}
+
+pub async fn detail(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let info = st.manager.get(&id).await?;
+    if info.state == SandboxState::Dead {
+        return Err(ApiError::new(
+            StatusCode::GONE,
+            format!(
+                "sandbox {id} is dead: {}; kill it to free its disk",
+                info.dead_reason.as_deref().unwrap_or("its VM stopped")
+            ),
+        ));
+    }
+    Ok(Json(model::detail(&info)))
+}
+
+pub async fn kill(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    st.manager.kill(&id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `{"memory"?, "requireHealthyGuest"?}`; 409 when already paused.
+pub async fn pause(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    raw: Bytes,
+) -> Result<StatusCode, ApiError> {
+    let _: Value = optional_body(&raw)?;
+    let paused = st.manager.pause(&id).await;
+    st.metrics.observe_pause(&paused);
+    paused?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Deserialize, Default)]
+pub struct ConnectBody {
+    timeout: Option<u64>,
+}
+
+/// Resumes a paused sandbox (201) or returns a running one (200); either
+/// way its deadline becomes at least `timeout` seconds from now.
+pub async fn connect(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    raw: Bytes,
+) -> Result<Response, ApiError> {
+    let req: ConnectBody = optional_body(&raw)?;
+    let connected = st.manager.connect(&id, req.timeout).await;
+    if let Ok((info, true)) = &connected {
+        st.metrics.observe_resume("resume", &Ok(info.clone()));
+    } else if let Err(e) = &connected {
+        st.metrics.count_failure("resume", e);
+    }
+    let (info, resumed) = connected?;
+    let status = if resumed {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(model::sandbox(&info))).into_response())
+}
+
+#[derive(Deserialize)]
+pub struct TimeoutBody {
+    timeout: u64,
+}
+
+pub async fn set_timeout(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    req: Result<Json<TimeoutBody>, JsonRejection>,
+) -> Result<StatusCode, ApiError> {
+    let req = body(req)?;
+    st.manager.set_timeout(&id, req.timeout).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `SandboxMetric`s: one sample taken now from the guest agent; none for a
+/// sandbox that is not running.
+pub async fn metrics(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<Vec<Value>>, ApiError> {
+    let info = st.manager.get(&id).await?;
+    if info.state != SandboxState::Running {
+        return Ok(Json(Vec::new()));
+    }
+    let m = st.manager.envd(&id).await?.metrics().await?;
+    let now = chrono::Utc::now();
+    let pick = |k: &str| m.get(k).cloned().unwrap_or(Value::from(0));
+    Ok(Json(vec![serde_json::json!({
+        "timestamp": now,
+        "timestampUnix": now.timestamp(),
+        "cpuCount": pick("cpu_count"),
+        "cpuUsedPct": pick("cpu_used_pct"),
+        "memUsed": pick("mem_used"),
+        "memTotal": pick("mem_total"),
+        "memCache": pick("mem_cache"),
+        "diskUsed": pick("disk_used"),
+        "diskTotal": pick("disk_total"),
+    })]))
+}
