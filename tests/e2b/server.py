@@ -113,6 +113,11 @@ class SiestaServer:
     def api_key(self) -> str:
         return (self.home / "secrets" / "api-key").read_text().strip()
 
+    def api(self, method: str, path: str, **kwargs) -> httpx.Response:
+        """A raw control-API call with the node's key."""
+        headers = {"X-API-KEY": self.api_key(), **kwargs.pop("headers", {})}
+        return httpx.request(method, f"{self.url}{path}", headers=headers, timeout=60, **kwargs)
+
     def stop(self, grace: float = 90) -> None:
         """SIGTERM (the server pauses its sandboxes), then SIGKILL by pid."""
         if self.proc is None:

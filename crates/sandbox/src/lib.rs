@@ -20,6 +20,7 @@ mod recovery;
 pub mod resume;
 pub mod rootfs;
 pub mod sandbox;
+pub mod snapshots;
 pub mod stages;
 pub mod store;
 pub mod template;

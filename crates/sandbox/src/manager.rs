@@ -152,34 +152,34 @@ impl SandboxManager {
         self.pool.wait_ready(template, timeout).await
     }
 
-    /// Resumes a new sandbox from a template.
+    /// Resumes a new sandbox from a template, or from a user snapshot when
+    /// `req.template` names one (see `snapshots.rs`).
     pub async fn create(&self, req: CreateRequest) -> Result<SandboxInfo> {
         self.check_open()?;
         let timeout = deadline(req.timeout_secs)?;
-        let template = Template::open(&self.node.config.layout(), &req.template)?;
-        let now = Utc::now();
-        let mut record = SandboxRecord {
-            id: String::new(), // the pooled VMM brings the id
-            template: req.template.clone(),
-            state: SandboxState::Running,
-            created_at: now,
-            started_at: now,
-            end_at: now + timeout,
-            access_token: crate::ids::new_token(),
-            env_vars: req.env_vars,
-            metadata: req.metadata,
-            allow_internet: req.allow_internet,
-            cpu_count: template.record.vcpus,
-            memory_mb: template.record.memory_mib,
-            disk_size_mb: template.record.disk.size >> 20,
-            lifecycle: req.lifecycle,
-            agent_addr: None,
-            vmm_pid: None,
-            timings: None,
-            dead_reason: None,
+        let template = match Template::open(&self.node.config.layout(), &req.template) {
+            Ok(t) => t,
+            Err(Error::TemplateNotFound { name }) => {
+                return match self.find_snapshot(&req.template)? {
+                    Some(snap) => self.create_from_snapshot(&snap, req).await,
+                    None => Err(Error::TemplateNotFound { name }),
+                };
+            }
+            Err(e) => return Err(e),
         };
+        let record = new_record(&req, &template, timeout);
         let params = resume_params(&record);
         let resumed = resume::from_template(&self.node, &self.pool, &template, &params).await?;
+        self.adopt(record, resumed, timeout).await
+    }
+
+    /// Records a freshly resumed sandbox and starts tracking it.
+    pub(crate) async fn adopt(
+        &self,
+        mut record: SandboxRecord,
+        resumed: Resumed,
+        timeout: chrono::Duration,
+    ) -> Result<SandboxInfo> {
         record.id = resumed.id.clone();
         let dir = resumed.dir.clone();
         // What the guest sees as its disk: the overlay's virtual size.
@@ -482,6 +482,36 @@ impl SandboxManager {
 }
 
 /// Records a freshly resumed VM as the sandbox's live parts.
+/// The record of a sandbox about to be resumed from `template` (its id
+/// comes with the resumed VM).
+pub(crate) fn new_record(
+    req: &CreateRequest,
+    template: &Template,
+    timeout: chrono::Duration,
+) -> SandboxRecord {
+    let now = Utc::now();
+    SandboxRecord {
+        id: String::new(),
+        template: template.record.name.clone(),
+        state: SandboxState::Running,
+        created_at: now,
+        started_at: now,
+        end_at: now + timeout,
+        access_token: crate::ids::new_token(),
+        env_vars: req.env_vars.clone(),
+        metadata: req.metadata.clone(),
+        allow_internet: req.allow_internet,
+        cpu_count: template.record.vcpus,
+        memory_mb: template.record.memory_mib,
+        disk_size_mb: template.record.disk.size >> 20,
+        lifecycle: req.lifecycle,
+        agent_addr: None,
+        vmm_pid: None,
+        timings: None,
+        dead_reason: None,
+    }
+}
+
 fn set_running(sb: &mut Sandbox, r: Running, timeout: chrono::Duration) {
     let now = Utc::now();
     let rec = &mut sb.record;
@@ -516,7 +546,7 @@ pub(crate) async fn stop_running(node: &Node, sb: &mut Sandbox) {
     }
 }
 
-fn resume_params(record: &SandboxRecord) -> ResumeParams {
+pub(crate) fn resume_params(record: &SandboxRecord) -> ResumeParams {
     ResumeParams {
         init: InitParams::new(Some(record.access_token.clone()), record.env_vars.clone()),
         egress: EgressPolicy {

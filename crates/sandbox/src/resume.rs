@@ -102,9 +102,22 @@ pub async fn from_paused(
     dir: &Path,
     params: &ResumeParams,
 ) -> Result<Resumed> {
+    let state = dir.join(crate::sandbox::STATE_FILE);
+    from_saved(node, template, id, dir, state, params).await
+}
+
+/// Resumes sandbox `id` whose disk is in `dir` from a saved `state` (its
+/// own pause, or a snapshot or fork of another sandbox of `template`).
+pub async fn from_saved(
+    node: &Arc<Node>,
+    template: &Template,
+    id: &str,
+    dir: &Path,
+    state: PathBuf,
+    params: &ResumeParams,
+) -> Result<Resumed> {
     template.check_compatible(node.vmm.info())?;
     let disk = dir.join(crate::sandbox::DISK_FILE);
-    let state = dir.join(crate::sandbox::STATE_FILE);
     let run_dir = dir.join("run");
     let mut clock = StageClock::start();
     let prefetch = node.prefetch.start(&node.config.layout().repo(), template);

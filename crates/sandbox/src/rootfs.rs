@@ -29,3 +29,25 @@ pub async fn create_overlay(base: &Path, overlay: &Path) -> Result<()> {
     }
     Ok(())
 }
+
+/// Copies `from` to `to` keeping holes (and sharing blocks where the
+/// filesystem can reflink).
+pub async fn copy_sparse(from: &Path, to: &Path) -> Result<()> {
+    let out = tokio::process::Command::new("cp")
+        .args(["--sparse=always", "--reflink=auto"])
+        .arg(from)
+        .arg(to)
+        .output()
+        .await
+        .map_err(|e| Error::Command {
+            what: "cp".into(),
+            detail: format!("cannot run cp: {e}"),
+        })?;
+    if !out.status.success() {
+        return Err(Error::Command {
+            what: format!("copying {} to {}", from.display(), to.display()),
+            detail: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        });
+    }
+    Ok(())
+}

@@ -12,7 +12,7 @@ use super::{is_complete, Template};
 use crate::error::{Error, IoContext, Result};
 use crate::layout::validate_name;
 use crate::node::Node;
-use crate::rootfs::create_overlay;
+use crate::rootfs::{copy_sparse, create_overlay};
 
 #[derive(Debug, Clone)]
 pub struct BuildOptions {
@@ -243,21 +243,4 @@ fn with_serial_log(err: Error, spec: &LaunchSpec) -> Error {
         secs,
         detail: format!("{detail}; last console lines:\n{tail}"),
     }
-}
-
-async fn copy_sparse(from: &Path, to: &Path) -> Result<()> {
-    let out = tokio::process::Command::new("cp")
-        .args(["--sparse=always", "--reflink=auto"])
-        .arg(from)
-        .arg(to)
-        .output()
-        .await
-        .ctx("running cp for", to)?;
-    if !out.status.success() {
-        return Err(Error::Command {
-            what: format!("copying {} to {}", from.display(), to.display()),
-            detail: String::from_utf8_lossy(&out.stderr).trim().to_string(),
-        });
-    }
-    Ok(())
 }

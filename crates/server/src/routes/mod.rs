@@ -3,6 +3,7 @@
 //! | file | endpoints |
 //! |---|---|
 //! | `sandboxes.rs` | create, list, get, kill, pause, connect/resume, timeout, metrics |
+//! | `snapshots.rs` | snapshots of running sandboxes (create, list, delete), fork |
 //! | `templates.rs` | templates list |
 //! | `node.rs` | `/health`, Prometheus `/metrics`, `/openapi.yaml` |
 //! | `model.rs` | the JSON models (`Sandbox`, `SandboxDetail`, `ListedSandbox`) |
@@ -12,6 +13,7 @@ mod model;
 mod node;
 mod query;
 mod sandboxes;
+mod snapshots;
 mod templates;
 
 use std::sync::Arc;
@@ -55,7 +57,11 @@ pub fn router(state: AppState) -> Router {
         .route("/sandboxes/{id}/resume", post(sandboxes::connect))
         .route("/sandboxes/{id}/timeout", post(sandboxes::set_timeout))
         .route("/sandboxes/{id}/metrics", get(sandboxes::metrics))
+        .route("/sandboxes/{id}/snapshots", post(snapshots::create))
+        .route("/sandboxes/{id}/fork", post(snapshots::fork))
+        .route("/snapshots", get(snapshots::list))
         .route("/templates", get(templates::list))
+        .route("/templates/{id}", axum::routing::delete(snapshots::delete))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             require_api_key,

@@ -1,0 +1,287 @@
+//! User snapshots and forks of running sandboxes.
+//!
+//! Both start with a *capture*: the sandbox's vCPUs stop, its device state
+//! and RAM are saved (`MemorySave::InState`) and its disk overlay copied
+//! while nothing writes to it, then it runs on. A snapshot publishes the
+//! capture in the repository (kind `user`; its memory is the template's
+//! shared blob, state and disk are its own); a fork resumes N new sandboxes
+//! from a capture that is deleted afterwards. A new sandbox from either gets
+//! its own copy of the captured disk (sparse; a reflink where the
+//! filesystem has them), so children never share written blocks.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use siesta_snapshot::record::{DISK, MEMORY, STATE};
+use siesta_snapshot::repo::{new_id, Placement, PublishFile, PublishRequest};
+use siesta_snapshot::{RepoError, Repository, SnapshotKind, SnapshotRecord};
+use siesta_vmm::MemorySave;
+
+use crate::error::{Error, IoContext, Result};
+use crate::lifecycle::deadline;
+use crate::manager::{new_record, resume_params, CreateRequest, SandboxManager};
+use crate::resume;
+use crate::rootfs::copy_sparse;
+use crate::sandbox::{SandboxInfo, DISK_FILE};
+use crate::template::Template;
+
+/// What is kept with a user snapshot (the record's `meta`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct UserSnapshotMeta {
+    pub template: String,
+    pub source_sandbox: String,
+    pub names: Vec<String>,
+}
+
+/// A user snapshot as callers see it.
+#[derive(Debug, Clone, Serialize)]
+pub struct SnapshotInfo {
+    pub id: String,
+    pub names: Vec<String>,
+    pub template: String,
+    pub source_sandbox: String,
+    pub created_at_unix_ms: u64,
+}
+
+/// A capture's files, in a scratch directory removed on drop.
+struct Capture {
+    dir: PathBuf,
+    state: PathBuf,
+    disk: PathBuf,
+}
+
+impl Drop for Capture {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn alias_of(name: &str) -> String {
+    format!("snapshot:{name}")
+}
+
+impl SandboxManager {
+    fn repo(&self) -> Result<Repository> {
+        Ok(Repository::open(self.node.config.layout().repo())?)
+    }
+
+    /// Stops running sandbox `id` for a moment to capture its state and
+    /// disk, then lets it run on.
+    async fn capture(&self, id: &str) -> Result<(Capture, String)> {
+        let mut sb = self.lock(id).await?;
+        let template = sb.record.template.clone();
+        let scratch = self
+            .node
+            .config
+            .layout()
+            .sandboxes()
+            .join(format!(".capture-{id}-{:08x}", rand::random::<u32>()));
+        std::fs::create_dir_all(&scratch).ctx("creating capture directory", &scratch)?;
+        let capture = Capture {
+            state: scratch.join("state.bin"),
+            disk: scratch.join(DISK_FILE),
+            dir: scratch,
+        };
+        let disk = sb.disk_path();
+        let Some(running) = sb.running.as_mut() else {
+            return Err(Error::WrongState {
+                id: id.to_string(),
+                state: sb.record.state.to_string(),
+                expected: "running",
+            });
+        };
+        let vmm_err = |source| Error::vmm(id, source);
+        running.vm.pause().await.map_err(vmm_err)?;
+        let saved = async {
+            running
+                .vm
+                .save(&capture.state, MemorySave::InState)
+                .await
+                .map_err(vmm_err)?;
+            copy_sparse(&disk, &capture.disk).await
+        }
+        .await;
+        // Whatever happened, the source runs on.
+        let resumed = running.vm.resume().await.map_err(vmm_err);
+        saved?;
+        resumed?;
+        Ok((capture, template))
+    }
+
+    /// Snapshots running sandbox `id` under an optional `name`.
+    pub async fn snapshot(&self, id: &str, name: Option<String>) -> Result<SnapshotInfo> {
+        let (capture, template_name) = self.capture(id).await?;
+        let template = Template::open(&self.node.config.layout(), &template_name)?;
+        let repo = self.repo()?;
+        let memory = template
+            .snapshot
+            .as_ref()
+            .and_then(|s| s.files.get(MEMORY).cloned())
+            .ok_or_else(|| {
+                Error::Invalid(format!(
+                    "template {template_name:?} predates the snapshot repository; rebuild it to snapshot its sandboxes"
+                ))
+            })?;
+        let names: Vec<String> = name.into_iter().collect();
+        let meta = UserSnapshotMeta {
+            template: template_name,
+            source_sandbox: id.to_string(),
+            names: names.clone(),
+        };
+        let file = |role: &str, source: &Path| PublishFile {
+            role: role.to_string(),
+            source: source.to_path_buf(),
+            placement: Placement::LocalMove,
+            sha256: None,
+        };
+        let record = repo.publish(PublishRequest {
+            id: new_id("snap"),
+            kind: SnapshotKind::User,
+            parent: template.snapshot.as_ref().map(|s| s.id.clone()),
+            guest_memory_size: template.record.memory.size,
+            files: vec![file(STATE, &capture.state), file(DISK, &capture.disk)],
+            existing: vec![(MEMORY.to_string(), memory)],
+            aliases: names.iter().map(|n| alias_of(n)).collect(),
+            meta: serde_json::to_value(&meta).map_err(|e| Error::Invalid(e.to_string()))?,
+        })?;
+        Ok(info(&record, meta))
+    }
+
+    /// User snapshots, optionally only those taken of `source`.
+    pub fn list_snapshots(&self, source: Option<&str>) -> Result<Vec<SnapshotInfo>> {
+        let mut out = Vec::new();
+        for record in self.repo()?.list()? {
+            if record.kind != SnapshotKind::User {
+                continue;
+            }
+            let Ok(meta) = serde_json::from_value::<UserSnapshotMeta>(record.meta.clone()) else {
+                continue;
+            };
+            if source.is_none_or(|s| s == meta.source_sandbox) {
+                out.push(info(&record, meta));
+            }
+        }
+        out.sort_by_key(|s| s.created_at_unix_ms);
+        Ok(out)
+    }
+
+    /// Deletes user snapshot `id` (or one named so); `Ok(false)` if none.
+    pub fn delete_snapshot(&self, id: &str) -> Result<bool> {
+        let Some(record) = self.find_snapshot(id)? else {
+            return Ok(false);
+        };
+        self.repo()?.delete(&record.id)?;
+        Ok(true)
+    }
+
+    /// The user snapshot with id or name `key`, if there is one.
+    pub(crate) fn find_snapshot(&self, key: &str) -> Result<Option<SnapshotRecord>> {
+        let repo = self.repo()?;
+        for candidate in [key.to_string(), alias_of(key)] {
+            match repo.resolve(&candidate) {
+                Ok(r) if r.kind == SnapshotKind::User => return Ok(Some(r)),
+                Ok(_) | Err(RepoError::NotFound(_)) => {}
+                Err(RepoError::InvalidName { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(None)
+    }
+
+    /// A new sandbox from user snapshot `snap`.
+    pub(crate) async fn create_from_snapshot(
+        &self,
+        snap: &SnapshotRecord,
+        req: CreateRequest,
+    ) -> Result<SandboxInfo> {
+        let repo = self.repo()?;
+        let meta: UserSnapshotMeta =
+            serde_json::from_value(snap.meta.clone()).map_err(|e| Error::CorruptSnapshot {
+                path: repo.snapshot_dir(&snap.id),
+                detail: format!("bad snapshot record: {e}"),
+            })?;
+        let state = repo.file_path(snap, STATE)?;
+        let disk = repo.file_path(snap, DISK)?;
+        self.create_from_capture(&meta.template, &state, &disk, req)
+            .await
+    }
+
+    async fn create_from_capture(
+        &self,
+        template: &str,
+        state: &Path,
+        disk: &Path,
+        req: CreateRequest,
+    ) -> Result<SandboxInfo> {
+        let timeout = deadline(req.timeout_secs)?;
+        let template = Template::open(&self.node.config.layout(), template)?;
+        let mut record = new_record(&req, &template, timeout);
+        let id = crate::ids::new_sandbox_id();
+        let dir = self.node.config.layout().sandbox_dir(&id);
+        std::fs::create_dir_all(&dir).ctx("creating sandbox directory", &dir)?;
+        let result = async {
+            copy_sparse(disk, &dir.join(DISK_FILE)).await?;
+            record.template = template.record.name.clone();
+            let params = resume_params(&record);
+            resume::from_saved(
+                &self.node,
+                &template,
+                &id,
+                &dir,
+                state.to_path_buf(),
+                &params,
+            )
+            .await
+        }
+        .await;
+        match result {
+            Ok(resumed) => self.adopt(record, resumed, timeout).await,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                Err(e)
+            }
+        }
+    }
+
+    /// `count` new sandboxes, each a copy of running sandbox `id` as it is
+    /// now; the source runs on. One result per child.
+    pub async fn fork(
+        &self,
+        id: &str,
+        count: u32,
+        timeout_secs: Option<u64>,
+    ) -> Result<Vec<Result<SandboxInfo>>> {
+        if !(1..=20).contains(&count) {
+            return Err(Error::Invalid(format!("fork count {count}: use 1 to 20")));
+        }
+        deadline(timeout_secs)?;
+        let source = self.get(id).await?;
+        let (capture, template) = self.capture(id).await?;
+        let mut children = Vec::with_capacity(count as usize);
+        for _ in 0..count {
+            let req = CreateRequest {
+                template: template.clone(),
+                env_vars: source.env_vars.clone(),
+                metadata: source.metadata.clone(),
+                allow_internet: source.allow_internet,
+                timeout_secs,
+                lifecycle: source.lifecycle,
+            };
+            children.push(
+                self.create_from_capture(&template, &capture.state, &capture.disk, req)
+                    .await,
+            );
+        }
+        Ok(children)
+    }
+}
+
+fn info(record: &SnapshotRecord, meta: UserSnapshotMeta) -> SnapshotInfo {
+    SnapshotInfo {
+        id: record.id.clone(),
+        names: meta.names,
+        template: meta.template,
+        source_sandbox: meta.source_sandbox,
+        created_at_unix_ms: record.created_at_unix_ms,
+    }
+}
