@@ -117,3 +117,123 @@ pub fn finish_at_ready(clock: &mut StageClock, handle: Option<PrefetchHandle>) {
     };
     clock.record_background(timing);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::template::record::{FileRecord, TemplateRecord};
+    use siesta_snapshot::record::{FileLocation, FileRef, SnapshotKind, SnapshotRecord};
+
+    const MEM: u64 = 32 * 4096;
+
+    /// A template whose snapshot record lives in `repo` with a manifest.
+    fn template(repo: &Repository, dir: &std::path::Path) -> Template {
+        let memory = dir.join("memory.img");
+        std::fs::write(&memory, vec![1u8; MEM as usize]).unwrap();
+        let file = |name: &str| FileRecord {
+            name: name.into(),
+            size: 0,
+            allocated: 0,
+            sha256: String::new(),
+        };
+        let record = TemplateRecord {
+            name: "t".into(),
+            image: "tiny".into(),
+            created_at: chrono::Utc::now(),
+            vcpus: 1,
+            memory_mib: 1,
+            vmm: siesta_vmm::VmmInfo {
+                kind: "qemu".into(),
+                version: "test".into(),
+                machine: "q35".into(),
+                accel: siesta_vmm::Accel::Tcg,
+            },
+            kernel: String::new(),
+            kernel_cmdline: String::new(),
+            memory: file("memory.img"),
+            state: file("state.bin"),
+            disk: file("disk.img"),
+            cold_boot_ms: 0.0,
+        };
+        let state = dir.join("state.bin");
+        std::fs::write(&state, b"s").unwrap();
+        let snap = repo
+            .publish(siesta_snapshot::repo::PublishRequest {
+                id: "tpl-t".into(),
+                kind: SnapshotKind::Template,
+                parent: None,
+                guest_memory_size: MEM,
+                files: vec![siesta_snapshot::repo::PublishFile {
+                    role: "state".into(),
+                    source: state.clone(),
+                    placement: siesta_snapshot::repo::Placement::LocalCopy,
+                    sha256: None,
+                }],
+                existing: vec![(
+                    "memory".into(),
+                    FileRef {
+                        location: FileLocation::Local {
+                            name: "unused".into(),
+                        },
+                        size: MEM,
+                    },
+                )],
+                aliases: vec![],
+                meta: serde_json::Value::Null,
+            })
+            .unwrap();
+        let m = Manifest::from_touch_order(4096, MEM, &[4, 5, 1]);
+        let snap: SnapshotRecord = repo.attach_manifest("tpl-t", snap.generation, &m).unwrap();
+        Template {
+            dir: repo.snapshot_dir("tpl-t"),
+            record,
+            memory,
+            state,
+            disk: dir.join("disk.img"),
+            snapshot: Some(snap),
+        }
+    }
+
+    #[tokio::test]
+    async fn valid_manifest_prefetches_and_corrupt_one_falls_back() {
+        let tmp = tempfile::tempdir().unwrap();
+        let repo = Repository::open(tmp.path().join("repo")).unwrap();
+        let t = template(&repo, tmp.path());
+        let off = MemoryPrefetch::new(false);
+        assert!(off.start(repo.root(), &t).is_none(), "switched off");
+
+        let on = MemoryPrefetch::new(true);
+        let h = on
+            .start(repo.root(), &t)
+            .expect("valid manifest prefetches");
+        let out = h.wait().await;
+        assert!(out.completed);
+        assert_eq!(out.bytes, 3 * 4096);
+        let mut clock = StageClock::start();
+        finish_at_ready(&mut clock, Some(h));
+        let timings = clock.finish();
+        let bg = timings.background(Stage::MemoryPrefetch).unwrap();
+        assert!(bg.finished_before_ready);
+
+        // Corrupt on disk: a fresh node (no cached manifest) falls back.
+        let path = repo.snapshot_dir("tpl-t").join("startup.manifest");
+        let mut bytes = std::fs::read(&path).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 0x10;
+        std::fs::write(&path, bytes).unwrap();
+        let fresh = MemoryPrefetch::new(true);
+        assert!(
+            fresh.start(repo.root(), &t).is_none(),
+            "corrupt: on-demand paging"
+        );
+        // Missing: the same.
+        std::fs::remove_file(&path).unwrap();
+        assert!(fresh.start(repo.root(), &t).is_none());
+        // A template without repository record (legacy directory) too.
+        let legacy = Template {
+            snapshot: None,
+            ..t
+        };
+        assert!(fresh.start(repo.root(), &legacy).is_none());
+    }
+}

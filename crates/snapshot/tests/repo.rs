@@ -21,6 +21,11 @@ fn publish_resolve_share_and_delete() {
     // Same memory content: one blob for both.
     let b = repo.publish(request("b", &mem, &state_b)).unwrap();
     assert_eq!(repo.resolve("template:a").unwrap(), a);
+    assert_eq!(repo.resolve("a").unwrap(), a);
+    assert!(matches!(
+        repo.resolve("template:none"),
+        Err(RepoError::NotFound(_))
+    ));
     assert_eq!(repo.list().unwrap().len(), 2);
     let pa = repo.file_path(&a, "memory").unwrap();
     assert_eq!(pa, repo.file_path(&b, "memory").unwrap());

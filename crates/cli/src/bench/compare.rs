@@ -362,36 +362,51 @@ fn report(
         "| warm_on / warm_off | {:.2} | <= 0.70 where faults dominate, never > 1 |",
         wn.mean / wo.mean
     );
-    println!("\n| Condition | memory_prefetch ran (mean) | finished before ready | snapshot_load | guest_health |");
-    println!("| --- | ---: | ---: | ---: | ---: |");
+    println!("\n| Condition | memory_prefetch ran (mean) | finished before ready |");
+    println!("| --- | ---: | ---: |");
     for c in Cond::ALL {
         let v = trials.get(&c).map(Vec::as_slice).unwrap_or_default();
-        let n = v.len().max(1) as f64;
         let bg: Vec<_> = v
             .iter()
             .filter_map(|t| t.timings.background(Stage::MemoryPrefetch))
             .collect();
         let ran = bg.iter().map(|b| b.ms).sum::<f64>() / bg.len().max(1) as f64;
         let done = bg.iter().filter(|b| b.finished_before_ready).count();
-        let load = v
-            .iter()
-            .map(|t| t.timings.get(Stage::SnapshotLoad))
-            .sum::<f64>()
-            / n;
-        let health = v
-            .iter()
-            .map(|t| t.timings.get(Stage::GuestHealth))
-            .sum::<f64>()
-            / n;
         let ran = if bg.is_empty() {
             "-".to_string()
         } else {
             format!("{ran:.1} ms")
         };
-        println!(
-            "| {} | {ran} | {done}/{} | {load:.1} ms | {health:.1} ms |",
-            c.name(),
-            v.len()
-        );
+        println!("| {} | {ran} | {done}/{} |", c.name(), v.len());
     }
+    stage_table(trials);
+}
+
+/// Mean of every stage per condition: where a difference comes from.
+fn stage_table(trials: &BTreeMap<Cond, Vec<Trial>>) {
+    print!("\n| Stage (mean ms) |");
+    for c in Cond::ALL {
+        print!(" {} |", c.name());
+    }
+    println!("\n| --- | ---: | ---: | ---: | ---: |");
+    let mean = |c: Cond, f: &dyn Fn(&StageTimings) -> f64| {
+        let v = trials.get(&c).map(Vec::as_slice).unwrap_or_default();
+        v.iter().map(|t| f(&t.timings)).sum::<f64>() / v.len().max(1) as f64
+    };
+    for stage in Stage::ALL {
+        print!("| {} |", stage.name());
+        for c in Cond::ALL {
+            print!(" {:.1} |", mean(c, &|t| t.get(stage)));
+        }
+        println!();
+    }
+    print!("| unattributed |");
+    for c in Cond::ALL {
+        print!(" {:.1} |", mean(c, &StageTimings::unattributed_ms));
+    }
+    print!("\n| **total** |");
+    for c in Cond::ALL {
+        print!(" **{:.1}** |", mean(c, &|t| t.total_ms));
+    }
+    println!();
 }

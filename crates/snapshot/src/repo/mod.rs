@@ -149,6 +149,8 @@ impl Repository {
     pub fn resolve(&self, name: &str) -> Result<SnapshotRecord, RepoError> {
         match self.alias_target(name)? {
             Some(id) => self.get(&id),
+            // Not an alias, and not even a possible id: not found either.
+            None if !fsutil::valid_name(name, false) => Err(RepoError::NotFound(name.to_string())),
             None => self.get(name),
         }
     }
