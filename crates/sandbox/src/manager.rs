@@ -549,6 +549,9 @@ pub(crate) async fn stop_running(node: &Node, sb: &mut Sandbox) {
 pub(crate) fn resume_params(record: &SandboxRecord) -> ResumeParams {
     ResumeParams {
         init: InitParams::new(Some(record.access_token.clone()), record.env_vars.clone()),
+        // A template's guest holds no token (any is accepted); a paused
+        // sandbox's holds its own.
+        guest_token: Some(record.access_token.clone()),
         egress: EgressPolicy {
             allow_internet: record.allow_internet,
         },

@@ -52,6 +52,10 @@ pub struct Resumed {
 #[derive(Debug, Clone)]
 pub struct ResumeParams {
     pub init: InitParams,
+    /// The access token the guest holds now, which `/init` must present to
+    /// set `init.access_token`: the sandbox's own on a resume, the source's
+    /// for a snapshot or fork, none for a fresh template.
+    pub guest_token: Option<String>,
     pub egress: EgressPolicy,
 }
 
@@ -192,7 +196,7 @@ async fn finish(
     if let Err(e) = clock.time(Stage::Resume, guard.vm().resume()).await {
         return Err(guard.fail(vmm_err(e)).await);
     }
-    let client = node.envd_client(&id, guard.slot(), params.init.access_token.clone());
+    let client = node.envd_client(&id, guard.slot(), params.guest_token.clone());
     let healthy = clock
         .time(
             Stage::GuestHealth,

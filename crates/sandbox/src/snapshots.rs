@@ -31,6 +31,9 @@ pub struct UserSnapshotMeta {
     pub template: String,
     pub source_sandbox: String,
     pub names: Vec<String>,
+    /// The access token the captured guest holds: a sandbox made from the
+    /// snapshot presents it to `/init` to set its own.
+    pub guest_token: String,
 }
 
 /// A user snapshot as callers see it.
@@ -48,6 +51,9 @@ struct Capture {
     dir: PathBuf,
     state: PathBuf,
     disk: PathBuf,
+    /// The source's template and the token its guest holds.
+    template: String,
+    guest_token: String,
 }
 
 impl Drop for Capture {
@@ -67,9 +73,8 @@ impl SandboxManager {
 
     /// Stops running sandbox `id` for a moment to capture its state and
     /// disk, then lets it run on.
-    async fn capture(&self, id: &str) -> Result<(Capture, String)> {
+    async fn capture(&self, id: &str) -> Result<Capture> {
         let mut sb = self.lock(id).await?;
-        let template = sb.record.template.clone();
         let scratch = self
             .node
             .config
@@ -81,6 +86,8 @@ impl SandboxManager {
             state: scratch.join("state.bin"),
             disk: scratch.join(DISK_FILE),
             dir: scratch,
+            template: sb.record.template.clone(),
+            guest_token: sb.record.access_token.clone(),
         };
         let disk = sb.disk_path();
         let Some(running) = sb.running.as_mut() else {
@@ -105,12 +112,13 @@ impl SandboxManager {
         let resumed = running.vm.resume().await.map_err(vmm_err);
         saved?;
         resumed?;
-        Ok((capture, template))
+        Ok(capture)
     }
 
     /// Snapshots running sandbox `id` under an optional `name`.
     pub async fn snapshot(&self, id: &str, name: Option<String>) -> Result<SnapshotInfo> {
-        let (capture, template_name) = self.capture(id).await?;
+        let capture = self.capture(id).await?;
+        let template_name = capture.template.clone();
         let template = Template::open(&self.node.config.layout(), &template_name)?;
         let repo = self.repo()?;
         let memory = template
@@ -127,6 +135,7 @@ impl SandboxManager {
             template: template_name,
             source_sandbox: id.to_string(),
             names: names.clone(),
+            guest_token: capture.guest_token.clone(),
         };
         let file = |role: &str, source: &Path| PublishFile {
             role: role.to_string(),
@@ -202,7 +211,7 @@ impl SandboxManager {
             })?;
         let state = repo.file_path(snap, STATE)?;
         let disk = repo.file_path(snap, DISK)?;
-        self.create_from_capture(&meta.template, &state, &disk, req)
+        self.create_from_capture(&meta.template, &state, &disk, &meta.guest_token, req)
             .await
     }
 
@@ -211,6 +220,7 @@ impl SandboxManager {
         template: &str,
         state: &Path,
         disk: &Path,
+        guest_token: &str,
         req: CreateRequest,
     ) -> Result<SandboxInfo> {
         let timeout = deadline(req.timeout_secs)?;
@@ -222,7 +232,8 @@ impl SandboxManager {
         let result = async {
             copy_sparse(disk, &dir.join(DISK_FILE)).await?;
             record.template = template.record.name.clone();
-            let params = resume_params(&record);
+            let mut params = resume_params(&record);
+            params.guest_token = Some(guest_token.to_string());
             resume::from_saved(
                 &self.node,
                 &template,
@@ -256,7 +267,8 @@ impl SandboxManager {
         }
         deadline(timeout_secs)?;
         let source = self.get(id).await?;
-        let (capture, template) = self.capture(id).await?;
+        let capture = self.capture(id).await?;
+        let template = capture.template.clone();
         let mut children = Vec::with_capacity(count as usize);
         for _ in 0..count {
             let req = CreateRequest {
@@ -268,8 +280,14 @@ impl SandboxManager {
                 lifecycle: source.lifecycle,
             };
             children.push(
-                self.create_from_capture(&template, &capture.state, &capture.disk, req)
-                    .await,
+                self.create_from_capture(
+                    &template,
+                    &capture.state,
+                    &capture.disk,
+                    &capture.guest_token,
+                    req,
+                )
+                .await,
             );
         }
         Ok(children)

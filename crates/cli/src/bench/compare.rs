@@ -210,8 +210,9 @@ async fn resume_once(
         .await?;
     let params = ResumeParams {
         init: InitParams::new(None, Default::default()),
+        guest_token: None,
         egress: siesta_net::EgressPolicy {
-            allow_internet: false,
+            allow_internet: true,
         },
     };
     Ok(resume::from_template(node, pool, tpl, &params).await?)

@@ -30,9 +30,7 @@ pub fn parse(raw: Option<&str>, default_states: &[SandboxState]) -> Result<ListQ
         // The SDK quotes each key and value, joins them as `k=v&k2=v2`, and
         // the whole is encoded again as the parameter: after the query is
         // decoded once, parse the pairs, then decode each key and value.
-        q.metadata = form_urlencoded::parse(m.as_bytes())
-            .map(|(k, v)| (percent_decode(&k), percent_decode(&v)))
-            .collect();
+        q.metadata = parse_metadata(m).map_err(bad)?;
     }
     q.template = params.get("template").filter(|s| !s.is_empty()).cloned();
     if let Some(t) = params.get("startedAfter").filter(|s| !s.is_empty()) {
@@ -58,8 +56,26 @@ pub fn parse(raw: Option<&str>, default_states: &[SandboxState]) -> Result<ListQ
     Ok(q)
 }
 
-/// Decodes `%XX` escapes (a malformed escape is kept as it is).
-fn percent_decode(s: &str) -> String {
+/// `k=v&k2=v2` with each key and value percent-encoded once more.
+fn parse_metadata(m: &str) -> Result<Vec<(String, String)>, String> {
+    m.split('&')
+        .filter(|pair| !pair.is_empty())
+        .map(|pair| {
+            let (k, v) = pair
+                .split_once('=')
+                .ok_or_else(|| format!("metadata filter {pair:?} is not key=value"))?;
+            let k = percent_decode(&percent_decode(k)?)?;
+            let v = percent_decode(&percent_decode(v)?)?;
+            if k.is_empty() {
+                return Err(format!("metadata filter {pair:?} has an empty key"));
+            }
+            Ok((k, v))
+        })
+        .collect()
+}
+
+/// Decodes `%XX` escapes; a malformed escape or non-UTF-8 result is an error.
+fn percent_decode(s: &str) -> Result<String, String> {
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
@@ -72,10 +88,13 @@ fn percent_decode(s: &str) -> String {
                 continue;
             }
         }
+        if bytes[i] == b'%' {
+            return Err(format!("malformed percent escape in {s:?}"));
+        }
         out.push(bytes[i]);
         i += 1;
     }
-    String::from_utf8_lossy(&out).into_owned()
+    String::from_utf8(out).map_err(|_| format!("{s:?} is not UTF-8 once decoded"))
 }
 
 #[cfg(test)]
@@ -110,8 +129,10 @@ mod tests {
 
     #[test]
     fn percent_decoding() {
-        assert_eq!(percent_decode("y%20z%2"), "y z%2");
-        assert_eq!(percent_decode("%e2%82%ac"), "\u{20ac}");
+        assert_eq!(percent_decode("y%20z").unwrap(), "y z");
+        assert_eq!(percent_decode("%e2%82%ac").unwrap(), "\u{20ac}");
+        assert!(percent_decode("y%2").is_err());
+        assert!(percent_decode("%ff").is_err());
     }
 
     #[test]

@@ -142,13 +142,24 @@ pub async fn kill(
     Ok(StatusCode::NO_CONTENT)
 }
 
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct PauseBody {
+    // Accepted and checked; a pause always keeps memory and needs no
+    // healthy guest here.
+    #[allow(dead_code)]
+    memory: Option<bool>,
+    #[allow(dead_code)]
+    require_healthy_guest: Option<bool>,
+}
+
 /// `{"memory"?, "requireHealthyGuest"?}`; 409 when already paused.
 pub async fn pause(
     State(st): State<AppState>,
     Path(id): Path<String>,
     raw: Bytes,
 ) -> Result<StatusCode, ApiError> {
-    let _: Value = optional_body(&raw)?;
+    let _: PauseBody = optional_body(&raw)?;
     let paused = st.manager.pause(&id).await;
     st.metrics.observe_pause(&paused);
     paused?;
@@ -203,7 +214,17 @@ pub async fn set_timeout(
 pub async fn metrics(
     State(st): State<AppState>,
     Path(id): Path<String>,
+    RawQuery(raw): RawQuery,
 ) -> Result<Json<Vec<Value>>, ApiError> {
+    // `start` and `end` are Unix seconds; the sample is taken now either way.
+    for (k, v) in form_urlencoded::parse(raw.unwrap_or_default().as_bytes()) {
+        if (k == "start" || k == "end") && v.parse::<i64>().is_err() {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                format!("{k}={v:?} is not a Unix time in seconds"),
+            ));
+        }
+    }
     let info = st.manager.get(&id).await?;
     if info.state != SandboxState::Running {
         return Ok(Json(Vec::new()));
