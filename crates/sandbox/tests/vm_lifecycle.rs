@@ -173,7 +173,7 @@ async fn scenario(node: &Arc<Node>, m: &Arc<SandboxManager>, home: &Path) {
     );
 
     // Both VMMs map the template's memory file, and share its page cache.
-    let mem = t.dir.join("memory.img");
+    let mem = t.memory_path();
     for info in [&a, &b] {
         let kib = shared_kib_of_mapping(info.vmm_pid.expect("pid"), &mem);
         assert!(
@@ -246,7 +246,7 @@ async fn scenario(node: &Arc<Node>, m: &Arc<SandboxManager>, home: &Path) {
     ));
 
     // A corrupt state file: refused with an error naming it, nothing left.
-    let state = t.dir.join("state.bin");
+    let state = t.state_path();
     let good = std::fs::read(&state).unwrap();
     std::fs::write(&state, vec![0xAB; good.len()]).unwrap();
     let err = m
