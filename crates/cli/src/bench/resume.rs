@@ -163,7 +163,7 @@ fn report(args: &ResumeArgs, samples: &[StageTimings], cold_boot_ms: f64, node: 
         cold_boot_ms / total.p50
     );
     println!(
-        "| host side p50 (total - guest_health) | {:.3} ms |",
+        "| host side p50 (total - guest_health - agent_init) | {:.3} ms |",
         host.p50
     );
 }
