@@ -14,44 +14,18 @@
 //! Needs root, QEMU and the guest assets; skipped with a message where they
 //! are missing, except under CI where that is a failure.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
+
+mod common;
+use common::{assets_dir, can_run_vms, exec_ok, netns_names};
 
 use futures::FutureExt;
 use siesta_sandbox::sandbox::{Lifecycle, OnTimeout, SandboxState};
 use siesta_sandbox::template::{build_template, BuildOptions};
 use siesta_sandbox::{CreateRequest, Error, ListQuery, Node, NodeConfig, SandboxManager};
-
-fn assets_dir() -> PathBuf {
-    std::env::var_os("SIESTA_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/var/lib/siesta"))
-        .join("assets")
-}
-
-fn prerequisites() -> Result<(), String> {
-    if unsafe { libc::geteuid() } != 0 {
-        return Err("not root (network namespaces need it)".into());
-    }
-    for f in ["vmlinuz", "initramfs.img", "rootfs-base.img"] {
-        if !assets_dir().join(f).exists() {
-            return Err(format!("{} missing (run `make assets`)", f));
-        }
-    }
-    Ok(())
-}
-
-fn netns_names() -> HashSet<String> {
-    std::fs::read_dir("/run/netns")
-        .map(|d| {
-            d.flatten()
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .collect()
-        })
-        .unwrap_or_default()
-}
 
 /// Running (not a zombie awaiting this process's wait).
 fn process_alive(pid: u32) -> bool {
@@ -79,20 +53,6 @@ fn config(home: &Path) -> NodeConfig {
     config
 }
 
-async fn exec_ok(m: &SandboxManager, id: &str, cmd: &str) -> String {
-    let out = m
-        .exec(id, cmd, None, |_, _| {})
-        .await
-        .unwrap_or_else(|e| panic!("exec {cmd:?} in {id}: {e}"));
-    assert_eq!(
-        out.exit_code,
-        0,
-        "{cmd:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 /// Polls until `done` holds; the bound only keeps a broken reaper from
 /// hanging the test (no timing is asserted).
 async fn wait_until<F, Fut>(what: &str, mut done: F)
@@ -112,11 +72,7 @@ where
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sandboxes_survive_server_crash_stop_and_timeout() {
-    if let Err(why) = prerequisites() {
-        if std::env::var_os("CI").is_some() {
-            panic!("VM test cannot run under CI: {why}");
-        }
-        eprintln!("skipping VM test: {why}");
+    if !can_run_vms() {
         return;
     }
     let home = tempfile::Builder::new()

@@ -7,37 +7,17 @@
 //! a message where they are missing, except under CI where that is a failure.
 //! Boots are slow under TCG, so this is one test that proves a lot.
 
-use std::collections::HashSet;
 use std::panic::AssertUnwindSafe;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
+
+mod common;
+use common::{assets_dir, can_run_vms, exec_ok, netns_names};
 
 use futures::FutureExt;
 use siesta_sandbox::template::{build_template, BuildOptions};
 use siesta_sandbox::{CreateRequest, Error, Node, NodeConfig, SandboxManager};
-
-fn assets_dir() -> PathBuf {
-    std::env::var_os("SIESTA_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/var/lib/siesta"))
-        .join("assets")
-}
-
-fn prerequisites() -> Result<(), String> {
-    if unsafe { libc::geteuid() } != 0 {
-        return Err("not root (network namespaces need it)".into());
-    }
-    for f in ["vmlinuz", "initramfs.img", "rootfs-base.img"] {
-        if !assets_dir().join(f).exists() {
-            return Err(format!(
-                "{} missing (run `make assets`)",
-                assets_dir().join(f).display()
-            ));
-        }
-    }
-    Ok(())
-}
 
 /// KiB of `file`'s mapping in process `pid` that are shared with another
 /// process (`Shared_Clean` + `Shared_Dirty` in /proc/PID/smaps).
@@ -70,37 +50,9 @@ fn shared_kib_of_mapping(pid: u32, file: &Path) -> u64 {
     shared
 }
 
-fn netns_names() -> HashSet<String> {
-    std::fs::read_dir("/run/netns")
-        .map(|d| {
-            d.flatten()
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-async fn exec_ok(m: &SandboxManager, id: &str, cmd: &str) -> String {
-    let out = m
-        .exec(id, cmd, None, |_, _| {})
-        .await
-        .unwrap_or_else(|e| panic!("exec {cmd:?} in {id}: {e}"));
-    assert_eq!(
-        out.exit_code,
-        0,
-        "{cmd:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn vm_lifecycle_end_to_end() {
-    if let Err(why) = prerequisites() {
-        if std::env::var_os("CI").is_some() {
-            panic!("VM test cannot run under CI: {why}");
-        }
-        eprintln!("skipping VM test: {why}");
+    if !can_run_vms() {
         return;
     }
     let home = tempfile::Builder::new()

@@ -1,0 +1,70 @@
+//! Helpers shared by the real-VM tests.
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+
+use siesta_sandbox::SandboxManager;
+
+/// The guest assets built by `make assets`.
+pub fn assets_dir() -> PathBuf {
+    std::env::var_os("SIESTA_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/lib/siesta"))
+        .join("assets")
+}
+
+/// `Err(why)` when this machine cannot run VMs for tests.
+pub fn prerequisites() -> Result<(), String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err("not root (network namespaces need it)".into());
+    }
+    for f in ["vmlinuz", "initramfs.img", "rootfs-base.img"] {
+        let path = assets_dir().join(f);
+        if !path.exists() {
+            return Err(format!("{} missing (run `make assets`)", path.display()));
+        }
+    }
+    Ok(())
+}
+
+/// True when the test should go on; prints why not, and under CI fails
+/// instead of skipping.
+pub fn can_run_vms() -> bool {
+    match prerequisites() {
+        Ok(()) => true,
+        Err(why) if std::env::var_os("CI").is_some() => {
+            panic!("VM test cannot run under CI: {why}")
+        }
+        Err(why) => {
+            eprintln!("skipping VM test: {why}");
+            false
+        }
+    }
+}
+
+/// Names of the network namespaces that exist now.
+pub fn netns_names() -> HashSet<String> {
+    std::fs::read_dir("/run/netns")
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Runs `cmd` in sandbox `id`, asserts it exited 0, returns its stdout.
+pub async fn exec_ok(m: &SandboxManager, id: &str, cmd: &str) -> String {
+    let out = m
+        .exec(id, cmd, None, |_, _| {})
+        .await
+        .unwrap_or_else(|e| panic!("exec {cmd:?} in {id}: {e}"));
+    assert_eq!(
+        out.exit_code,
+        0,
+        "{cmd:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
