@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use siesta_sandbox::NodeConfig;
-use siesta_snapshot::Repository;
+use siesta_snapshot::{Repository, SnapshotKind};
 
 #[derive(clap::Subcommand)]
 pub enum SnapshotCommand {
@@ -13,7 +13,8 @@ pub enum SnapshotCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Delete a snapshot by id or alias (`template:NAME`).
+    /// Delete a snapshot by id or alias (`template:NAME`); a paused
+    /// sandbox's goes with `siesta sandbox kill`.
     Delete { name: String },
 }
 
@@ -58,6 +59,14 @@ fn execute(repo: &Repository, cmd: SnapshotCommand) -> anyhow::Result<ExitCode> 
         }
         SnapshotCommand::Delete { name } => {
             let id = repo.alias_target(&name).ok().flatten().unwrap_or(name);
+            if let Ok(r) = repo.get(&id) {
+                if r.kind == SnapshotKind::Paused {
+                    anyhow::bail!(
+                        "{id} holds a paused sandbox's memory and disk; \
+                         kill the sandbox instead (`siesta sandbox kill ID`)"
+                    );
+                }
+            }
             repo.delete(&id)?;
             println!("deleted {id}");
         }

@@ -15,6 +15,7 @@ mod lifecycle;
 pub mod manager;
 pub mod memory_prefetch;
 pub mod node;
+pub mod paused;
 pub mod pool;
 mod recovery;
 pub mod resume;

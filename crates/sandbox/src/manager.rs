@@ -2,7 +2,8 @@
 //!
 //! Every sandbox has a row in the node's SQLite store ([`crate::store`]);
 //! every state change is written there before the call returns, after the
-//! files it depends on (a pause publishes `state.bin`, then commits the row).
+//! files it depends on (a pause publishes its snapshot in the repository,
+//! see [`crate::paused`], then commits the row).
 //! In memory the manager keeps one entry per sandbox: the record mirrored
 //! from the store, a lock serialising operations on it, and, only while it
 //! runs, its VM and network slot. A background reaper ([`crate::lifecycle`])
@@ -16,6 +17,8 @@ use std::sync::Arc;
 
 use chrono::Utc;
 use siesta_net::EgressPolicy;
+use siesta_snapshot::record::{DISK, STATE};
+use siesta_snapshot::Repository;
 use siesta_vmm::MemorySave;
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
@@ -23,6 +26,7 @@ use crate::envd::{EnvdClient, ExecOutput, InitParams};
 use crate::error::{Error, IoContext, Result};
 use crate::lifecycle::{deadline, Reaper};
 use crate::node::Node;
+use crate::paused;
 use crate::pool::VmmPool;
 use crate::resume::{self, ResumeParams, Resumed};
 use crate::sandbox::{
@@ -30,7 +34,6 @@ use crate::sandbox::{
     DISK_FILE,
 };
 use crate::store::{ListQuery, Store, StoreError, DB_FILE};
-use crate::template::record::sync_dir;
 use crate::template::Template;
 
 pub use crate::lifecycle::{DEFAULT_TIMEOUT_SECS, MAX_TIMEOUT_SECS};
@@ -306,22 +309,29 @@ impl SandboxManager {
     pub(crate) async fn pause_locked(&self, sb: &mut Sandbox) -> Result<()> {
         let id = sb.record.id.clone();
         let state_path = sb.state_path();
+        let disk = sb.disk_path();
+        let template = Template::open(&self.node.config.layout(), &sb.record.template)?;
+        let repo = self.repo()?;
         let Some(running) = sb.running.as_mut() else {
             return Err(wrong_state(sb, "running"));
         };
         let vmm_err = |source| Error::vmm(id.clone(), source);
         running.vm.pause().await.map_err(vmm_err)?;
-        let tmp = state_path.with_extension("bin.tmp");
-        if let Err(e) = running.vm.save(&tmp, MemorySave::InState).await {
-            // Nothing is lost: the VM is still there; let it go on.
-            let _ = running.vm.resume().await;
-            let _ = std::fs::remove_file(&tmp);
-            return Err(vmm_err(e));
-        }
-        // The state file is durable before the row says paused, so a crash
-        // in between is recovered as a pause (see recovery).
-        std::fs::rename(&tmp, &state_path).ctx("publishing paused state", &state_path)?;
-        sync_dir(&sb.dir)?;
+        let saved = match running.vm.save(&state_path, MemorySave::InState).await {
+            Ok(_) => paused::publish(&repo, &template, &id, &state_path, &disk),
+            Err(e) => Err(vmm_err(e)),
+        };
+        let snapshot = match saved {
+            Ok(s) => s,
+            Err(e) => {
+                // Nothing is lost: the VM is still there; let it go on.
+                let _ = std::fs::remove_file(&state_path);
+                let _ = running.vm.resume().await;
+                return Err(e);
+            }
+        };
+        // The snapshot is durable before the row says paused, so a crash in
+        // between is recovered as a pause (see recovery).
         let before = sb.record.clone();
         sb.record.state = SandboxState::Paused;
         sb.record.agent_addr = None;
@@ -329,14 +339,17 @@ impl SandboxManager {
         if let Err(e) = self.store.put(&sb.record) {
             // Not paused as far as anyone will know: back to running.
             sb.record = before;
-            let _ = std::fs::remove_file(&state_path);
+            if let Err(e) = repo.delete(&snapshot.id) {
+                tracing::warn!(sandbox = %id, "dropping unused pause {}: {e}", snapshot.id);
+            }
             if let Some(r) = sb.running.as_mut() {
                 let _ = r.vm.resume().await;
             }
             return Err(e.into());
         }
         stop_running(&self.node, sb).await;
-        Ok(())
+        // From here on the repository's copy is the disk.
+        paused::drop_link(&repo, &snapshot, &disk)
     }
 
     /// Brings a paused sandbox back with its files and processes, with the
@@ -379,21 +392,41 @@ impl SandboxManager {
         }
     }
 
+    /// Consumes the sandbox's paused snapshot: takes its disk back, resumes
+    /// from its state and deletes it once the row says running. On failure
+    /// the disk goes back and the sandbox stays paused.
     async fn resume_locked(&self, sb: &mut Sandbox, timeout_secs: Option<u64>) -> Result<()> {
         self.check_open()?;
         let timeout = deadline(timeout_secs)?;
         let id = sb.record.id.clone();
         let template = Template::open(&self.node.config.layout(), &sb.record.template)?;
+        let repo = self.repo()?;
+        let snapshot = paused::for_resume(&repo, &id)?;
+        let state = repo.file_path(&snapshot, STATE)?;
+        let disk = sb.disk_path();
+        repo.take_file(&snapshot.id, DISK, &disk)?;
         let params = resume_params(&sb.record);
-        let resumed = resume::from_paused(&self.node, &template, &id, &sb.dir, &params).await?;
-        // The saved state is spent: from now on the disk moves on, and a
-        // state file left beside it would be mistaken for a newer pause.
-        let state = sb.state_path();
-        if let Err(e) = std::fs::remove_file(&state) {
-            tracing::warn!(sandbox = %id, "removing spent state {}: {e}", state.display());
-        }
+        let resumed =
+            match resume::from_saved(&self.node, &template, &id, &sb.dir, state, &params).await {
+                Ok(r) => r,
+                Err(e) => {
+                    give_back_disk(&repo, &snapshot.id, &disk, &id);
+                    return Err(e);
+                }
+            };
+        let before = sb.record.clone();
         set_running(sb, running(resumed), timeout);
-        self.store.put(&sb.record)?;
+        if let Err(e) = self.store.put(&sb.record) {
+            stop_running(&self.node, sb).await;
+            sb.record = before;
+            give_back_disk(&repo, &snapshot.id, &disk, &id);
+            return Err(e.into());
+        }
+        // Spent: the disk moves on from here. A failure leaves a snapshot
+        // without disk, which recovery deletes.
+        if let Err(e) = repo.delete(&snapshot.id) {
+            tracing::warn!(sandbox = %id, "deleting spent pause {}: {e}", snapshot.id);
+        }
         Ok(())
     }
 
@@ -414,6 +447,7 @@ impl SandboxManager {
         self.sandboxes.lock().await.remove(&id);
         // Operations queued on this sandbox's lock see it gone.
         sb.record.id.clear();
+        self.delete_pause(&id);
         match std::fs::remove_dir_all(&sb.dir) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
                 Err(e).ctx("removing sandbox directory", &sb.dir)
@@ -470,6 +504,21 @@ impl SandboxManager {
             if let Some(r) = entry.lock().await.running.take() {
                 std::mem::forget(r);
             }
+        }
+    }
+
+    /// Deletes sandbox `id`'s paused snapshot, if it has one.
+    fn delete_pause(&self, id: &str) {
+        let found = self.repo().and_then(|repo| {
+            Ok(match paused::Saved::inspect(&repo, id)? {
+                paused::Saved::Complete(s) | paused::Saved::DiskTaken(s) => {
+                    Some(repo.delete(&s.id)).transpose()?
+                }
+                paused::Saved::Missing => None,
+            })
+        });
+        if let Err(e) = found {
+            tracing::warn!(sandbox = %id, "deleting its paused snapshot: {e}; `siesta repo check` lists it");
         }
     }
 
@@ -555,6 +604,13 @@ pub(crate) fn resume_params(record: &SandboxRecord) -> ResumeParams {
         egress: EgressPolicy {
             allow_internet: record.allow_internet,
         },
+    }
+}
+
+/// Returns a resume's disk to the paused snapshot it was taken from.
+fn give_back_disk(repo: &Repository, snapshot: &str, disk: &std::path::Path, id: &str) {
+    if let Err(e) = repo.return_file(snapshot, DISK, disk) {
+        tracing::error!(sandbox = %id, "returning the disk to paused snapshot {snapshot}: {e}; it stays at {}", disk.display());
     }
 }
 

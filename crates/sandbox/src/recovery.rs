@@ -7,22 +7,36 @@
 //!   died with the server), so every QEMU process whose command line names a
 //!   directory under our `sandboxes/` is killed: none can be ours yet, since
 //!   the data directory's lock is held.
-//! - A row still `running` whose directory holds `state.bin` was being
-//!   paused: the state file is published (fsynced, renamed) before the row
-//!   is written and deleted on resume, so it is a complete pause; the row
-//!   becomes `paused`. Otherwise its memory is lost: the row becomes `dead`
-//!   with the reason, and its disk is kept until it is killed.
-//! - A `paused` row missing its saved state or disk becomes `dead`.
+//! - Each row is settled against its paused snapshot in the repository
+//!   (`sandbox:<id>`, see [`crate::paused`]), which a pause publishes
+//!   before writing the row and a resume deletes after writing it:
+//!
+//!   | row       | paused snapshot        | what happened           | becomes |
+//!   |-----------|------------------------|-------------------------|---------|
+//!   | `running` | complete               | pause before its row    | `paused` |
+//!   | `running` | its disk taken         | resume before its delete| `dead` (snapshot deleted) |
+//!   | `running` | none                   | crash while running     | `dead`: memory lost, disk kept |
+//!   | `paused`  | complete               | (a clean pause)         | `paused` |
+//!   | `paused`  | disk taken, disk here  | resume before its row   | `paused` (disk given back) |
+//!   | `paused`  | none, or disk lost     | files lost              | `dead`, saying what is missing |
+//!
+//!   A disk link a pause had not yet unlinked, and a state file a crashed
+//!   pause left, are removed.
 //! - A directory without a row (a VMM the pool had prepared, or a create
-//!   that crashed before its row was written) is removed.
+//!   that crashed before its row was written) is removed, and so is a
+//!   paused snapshot whose sandbox has no row (a kill that crashed).
 
 use std::collections::HashSet;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use siesta_snapshot::record::DISK;
+use siesta_snapshot::Repository;
+
 use crate::error::{Error, IoContext, Result};
 use crate::layout::Layout;
+use crate::paused::{self, Saved};
 use crate::sandbox::{SandboxRecord, SandboxState, DISK_FILE, STATE_FILE};
 use crate::store::Store;
 
@@ -54,46 +68,91 @@ pub(crate) fn lock_home(home: &Path) -> Result<std::fs::File> {
 /// doc) and returns the records to manage.
 pub(crate) fn recover(store: &Store, layout: &Layout) -> Result<Vec<SandboxRecord>> {
     kill_leftover_vmms(&layout.sandboxes());
+    let repo = Repository::open(layout.repo())?;
     let mut records = store.all()?;
     for rec in &mut records {
         let dir = layout.sandbox_dir(&rec.id);
-        if settle(rec, &dir) {
+        let changed = settle(rec, &dir, &repo).unwrap_or_else(|e| {
+            // One sandbox's files must not keep the server from starting:
+            // it is reported, and its files stay until it is killed.
+            rec.state = SandboxState::Dead;
+            rec.dead_reason = Some(format!("could not be recovered: {e}"));
+            true
+        });
+        if changed {
             tracing::warn!(sandbox = %rec.id, state = %rec.state, reason = ?rec.dead_reason, "recovered");
             store.put(rec)?;
         }
     }
     let known: HashSet<&str> = records.iter().map(|r| r.id.as_str()).collect();
     remove_orphans(&layout.sandboxes(), &known);
+    remove_orphan_pauses(&repo, &known);
     Ok(records)
 }
 
-/// Gives a row the state it must have now that no VM runs for it; true if
-/// that changed it.
-fn settle(rec: &mut SandboxRecord, dir: &Path) -> bool {
+/// Gives a row the state it must have now that no VM runs for it, finishing
+/// or undoing the pause or resume a crash interrupted; true if that changed
+/// the row.
+fn settle(rec: &mut SandboxRecord, dir: &Path, repo: &Repository) -> Result<bool> {
     let before = (rec.state, rec.vmm_pid, rec.agent_addr);
     let _ = std::fs::remove_dir_all(dir.join("run"));
-    let _ = std::fs::remove_file(dir.join(format!("{STATE_FILE}.tmp")));
-    let has = |f: &str| dir.join(f).is_file();
-    match rec.state {
-        SandboxState::Running if has(STATE_FILE) && has(DISK_FILE) => {
+    let _ = std::fs::remove_file(dir.join(STATE_FILE));
+    let disk = dir.join(DISK_FILE);
+    let dead = |rec: &mut SandboxRecord, reason: String| {
+        rec.state = SandboxState::Dead;
+        rec.dead_reason = Some(reason);
+    };
+    match (rec.state, Saved::inspect(repo, &rec.id)?) {
+        (SandboxState::Dead, _) => {}
+        (_, Saved::Complete(snap)) => {
+            paused::drop_link(repo, &snap, &disk)?;
             rec.state = SandboxState::Paused;
         }
-        SandboxState::Running => {
-            rec.state = SandboxState::Dead;
-            rec.dead_reason = Some(LOST_MEMORY.into());
+        (SandboxState::Running, Saved::DiskTaken(snap)) => {
+            repo.delete(&snap.id)?;
+            dead(rec, LOST_MEMORY.into());
         }
-        SandboxState::Paused if !(has(STATE_FILE) && has(DISK_FILE)) => {
-            rec.state = SandboxState::Dead;
-            rec.dead_reason = Some(format!(
-                "its saved state or disk is missing from {}",
-                dir.display()
-            ));
+        (SandboxState::Running, Saved::Missing) => dead(rec, LOST_MEMORY.into()),
+        (SandboxState::Paused, Saved::DiskTaken(snap)) if disk.is_file() => {
+            repo.return_file(&snap.id, DISK, &disk)?;
         }
-        SandboxState::Paused | SandboxState::Dead => {}
+        (SandboxState::Paused, Saved::DiskTaken(_)) => {
+            let reason = format!(
+                "its disk is missing from its paused snapshot ({})",
+                paused::alias(&rec.id)
+            );
+            dead(rec, reason);
+        }
+        (SandboxState::Paused, Saved::Missing) => {
+            let reason = format!(
+                "its paused snapshot ({}) is missing from the repository",
+                paused::alias(&rec.id)
+            );
+            dead(rec, reason);
+        }
     }
     rec.agent_addr = None;
     rec.vmm_pid = None;
-    before != (rec.state, rec.vmm_pid, rec.agent_addr)
+    Ok(before != (rec.state, rec.vmm_pid, rec.agent_addr))
+}
+
+/// Deletes paused snapshots whose sandbox has no row.
+fn remove_orphan_pauses(repo: &Repository, known: &HashSet<&str>) {
+    let Ok(aliases) = repo.aliases() else {
+        return;
+    };
+    for (alias, id) in aliases {
+        let Some(sandbox) = alias.strip_prefix("sandbox:") else {
+            continue;
+        };
+        if known.contains(sandbox) {
+            continue;
+        }
+        tracing::info!(sandbox, snapshot = %id, "deleting a paused snapshot without a record");
+        if let Err(e) = repo.delete(&id) {
+            tracing::warn!(snapshot = %id, "deleting orphan pause: {e}");
+        }
+    }
 }
 
 /// Removes sandbox directories that have no row.
@@ -231,37 +290,98 @@ mod tests {
         }
     }
 
-    #[test]
-    fn rows_settle_by_the_files_beside_them() {
-        let dir = tempfile::tempdir().unwrap();
-        let d = dir.path();
-        std::fs::write(d.join(DISK_FILE), b"disk").unwrap();
-        std::fs::create_dir_all(d.join("run")).unwrap();
+    /// Publishes what a pause of `s1` publishes: state and disk linked in.
+    fn pause_s1(repo: &Repository, dir: &Path) -> siesta_snapshot::SnapshotRecord {
+        use siesta_snapshot::repo::{new_id, Placement, PublishFile, PublishRequest};
+        let state = dir.join(STATE_FILE);
+        std::fs::write(&state, b"state").unwrap();
+        let file = |role: &str, source: PathBuf| PublishFile {
+            role: role.into(),
+            source,
+            placement: Placement::LocalLink,
+            sha256: None,
+        };
+        let snap = repo
+            .publish(PublishRequest {
+                id: new_id("paused"),
+                kind: siesta_snapshot::SnapshotKind::Paused,
+                parent: None,
+                guest_memory_size: 4096,
+                files: vec![
+                    file("state", state.clone()),
+                    file(DISK, dir.join(DISK_FILE)),
+                ],
+                existing: vec![],
+                aliases: vec![paused::alias("s1")],
+                meta: serde_json::Value::Null,
+            })
+            .unwrap();
+        std::fs::remove_file(state).unwrap();
+        snap
+    }
 
-        // Running without a saved state: memory lost.
+    #[test]
+    fn rows_settle_by_their_paused_snapshot() {
+        let tmp = tempfile::tempdir().unwrap();
+        let repo = Repository::open(tmp.path().join("repo")).unwrap();
+        let d = &tmp.path().join("s1");
+        std::fs::create_dir_all(d.join("run")).unwrap();
+        let disk = d.join(DISK_FILE);
+        std::fs::write(&disk, b"disk").unwrap();
+
+        // Running without a paused snapshot: memory lost, disk kept.
         let mut r = record(SandboxState::Running);
-        settle(&mut r, d);
+        assert!(settle(&mut r, d, &repo).unwrap());
         assert_eq!(r.state, SandboxState::Dead);
         assert!(r.dead_reason.as_deref().unwrap().contains("kill -9"));
         assert!(r.vmm_pid.is_none() && r.agent_addr.is_none());
-        assert!(!d.join("run").exists());
+        assert!(!d.join("run").exists() && disk.exists());
 
-        // Paused without a saved state: dead, saying what is missing.
+        // Paused without one: dead, saying what is missing.
         let mut r = record(SandboxState::Paused);
-        settle(&mut r, d);
+        settle(&mut r, d, &repo).unwrap();
         assert_eq!(r.state, SandboxState::Dead);
+        assert!(r.dead_reason.unwrap().contains("sandbox:s1"));
 
-        // Running with a published state file: the pause had completed.
-        std::fs::write(d.join(STATE_FILE), b"state").unwrap();
-        std::fs::write(d.join("state.bin.tmp"), b"partial").unwrap();
+        // Running with a published pause (crash before the row, and before
+        // the disk link was dropped): paused, the stray link and state gone.
+        let snap = pause_s1(&repo, d);
+        std::fs::write(d.join(STATE_FILE), b"partial").unwrap();
         let mut r = record(SandboxState::Running);
-        settle(&mut r, d);
+        settle(&mut r, d, &repo).unwrap();
         assert_eq!(r.state, SandboxState::Paused);
-        assert!(!d.join("state.bin.tmp").exists());
+        assert!(!disk.exists() && !d.join(STATE_FILE).exists());
+        let held = repo.file_path(&snap, DISK).unwrap();
+        assert_eq!(std::fs::read(&held).unwrap(), b"disk");
 
+        // Paused, its resume crashed after taking the disk: given back.
+        repo.take_file(&snap.id, DISK, &disk).unwrap();
         let mut r = record(SandboxState::Paused);
-        settle(&mut r, d);
+        assert!(settle(&mut r, d, &repo).unwrap());
         assert_eq!(r.state, SandboxState::Paused);
+        assert!(held.exists() && !disk.exists());
+
+        // Running, its resume had committed the row: the spent pause goes.
+        repo.take_file(&snap.id, DISK, &disk).unwrap();
+        let mut r = record(SandboxState::Running);
+        settle(&mut r, d, &repo).unwrap();
+        assert_eq!(r.state, SandboxState::Dead);
+        assert!(repo.get(&snap.id).is_err() && disk.exists());
+        assert!(repo.check().unwrap().is_clean());
+    }
+
+    #[test]
+    fn pauses_without_a_row_are_deleted() {
+        let tmp = tempfile::tempdir().unwrap();
+        let repo = Repository::open(tmp.path().join("repo")).unwrap();
+        let d = tmp.path().join("s1");
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join(DISK_FILE), b"disk").unwrap();
+        let snap = pause_s1(&repo, &d);
+        remove_orphan_pauses(&repo, &HashSet::from(["s1"]));
+        assert!(repo.get(&snap.id).is_ok());
+        remove_orphan_pauses(&repo, &HashSet::new());
+        assert!(repo.get(&snap.id).is_err());
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //! | stage              | from a template                         | from a paused sandbox              |
 //! |--------------------|-----------------------------------------|------------------------------------|
 //! | `vmm_pool_acquire` | take a VMM waiting in `-incoming`       | spawn a VMM over the sandbox disk  |
-//! | `rootfs_bind`      | adopt the pooled VMM's fresh overlay    | check the sandbox's own overlay    |
+//! | `rootfs_bind`      | adopt the pooled VMM's fresh overlay    | check the disk taken back from the paused snapshot |
 //! | `network_setup`    | apply the slot's egress policy          | take a slot, apply the policy      |
 //! | `snapshot_load`    | load the template's device state        | load the saved state and its RAM   |
 //! | `resume`           | start the vCPUs                         | same                               |
@@ -98,20 +98,9 @@ pub async fn from_template(
     finish(node, clock, &state, params, guard, dir, prefetch).await
 }
 
-/// Resumes paused sandbox `id` from its own saved state and disk in `dir`.
-pub async fn from_paused(
-    node: &Arc<Node>,
-    template: &Template,
-    id: &str,
-    dir: &Path,
-    params: &ResumeParams,
-) -> Result<Resumed> {
-    let state = dir.join(crate::sandbox::STATE_FILE);
-    from_saved(node, template, id, dir, state, params).await
-}
-
-/// Resumes sandbox `id` whose disk is in `dir` from a saved `state` (its
-/// own pause, or a snapshot or fork of another sandbox of `template`).
+/// Resumes sandbox `id` whose disk is in `dir` from a saved `state`: its
+/// own paused snapshot (see [`crate::paused`]), or a snapshot or fork of
+/// another sandbox of `template`.
 pub async fn from_saved(
     node: &Arc<Node>,
     template: &Template,

@@ -67,7 +67,7 @@ fn alias_of(name: &str) -> String {
 }
 
 impl SandboxManager {
-    fn repo(&self) -> Result<Repository> {
+    pub(crate) fn repo(&self) -> Result<Repository> {
         Ok(Repository::open(self.node.config.layout().repo())?)
     }
 
@@ -121,15 +121,11 @@ impl SandboxManager {
         let template_name = capture.template.clone();
         let template = Template::open(&self.node.config.layout(), &template_name)?;
         let repo = self.repo()?;
-        let memory = template
-            .snapshot
-            .as_ref()
-            .and_then(|s| s.files.get(MEMORY).cloned())
-            .ok_or_else(|| {
-                Error::Invalid(format!(
-                    "template {template_name:?} predates the snapshot repository; rebuild it to snapshot its sandboxes"
-                ))
-            })?;
+        let (parent, memory) = template.shared_memory().ok_or_else(|| {
+            Error::Invalid(format!(
+                "template {template_name:?} predates the snapshot repository; rebuild it to snapshot its sandboxes"
+            ))
+        })?;
         let names: Vec<String> = name.into_iter().collect();
         let meta = UserSnapshotMeta {
             template: template_name,
@@ -146,7 +142,7 @@ impl SandboxManager {
         let record = repo.publish(PublishRequest {
             id: new_id("snap"),
             kind: SnapshotKind::User,
-            parent: template.snapshot.as_ref().map(|s| s.id.clone()),
+            parent: Some(parent),
             guest_memory_size: template.record.memory.size,
             files: vec![file(STATE, &capture.state), file(DISK, &capture.disk)],
             existing: vec![(MEMORY.to_string(), memory)],

@@ -1,6 +1,7 @@
 //! End-to-end test with real VMs under QEMU: build a template from the `base`
 //! image, resume two sandboxes from it, prove memory sharing, random-state
-//! divergence, pause/resume with files and processes intact, the failure
+//! divergence, pause/resume (through a repository snapshot) with files and
+//! processes intact, a corrupt paused state losing nothing, the failure
 //! cases, and that nothing is left behind.
 //!
 //! Needs root, QEMU and the guest assets (`make assets`); it is skipped with
@@ -16,8 +17,12 @@ mod common;
 use common::{assets_dir, can_run_vms, exec_ok, netns_names};
 
 use futures::FutureExt;
+use siesta_sandbox::paused;
+use siesta_sandbox::sandbox::SandboxState;
 use siesta_sandbox::template::{build_template, BuildOptions};
 use siesta_sandbox::{CreateRequest, Error, Node, NodeConfig, SandboxManager};
+use siesta_snapshot::record::{DISK, MEMORY, STATE};
+use siesta_snapshot::{Repository, SnapshotKind};
 
 /// KiB of `file`'s mapping in process `pid` that are shared with another
 /// process (`Shared_Clean` + `Shared_Dirty` in /proc/PID/smaps).
@@ -158,7 +163,33 @@ async fn scenario(node: &Arc<Node>, m: &Arc<SandboxManager>, home: &Path) {
         m.exec(&a.id, "true", None, |_, _| {}).await.is_err(),
         "exec in a paused sandbox"
     );
+    // The pause is a repository snapshot: its own state and disk, the
+    // template's memory blob by reference, nothing left beside the sandbox.
+    let repo = Repository::open(home.join("repo")).unwrap();
+    let pause = repo
+        .resolve(&paused::alias(&a.id))
+        .expect("paused snapshot");
+    assert_eq!(pause.kind, SnapshotKind::Paused);
+    assert_eq!(repo.file_path(&pause, MEMORY).unwrap(), mem);
+    let sandbox_dir = home.join("sandboxes").join(&a.id);
+    assert!(!sandbox_dir.join("disk.qcow2").exists());
+    assert!(repo.check().unwrap().is_clean());
+
+    // A corrupt paused state: a clear error naming it, and nothing lost.
+    let state = repo.file_path(&pause, STATE).unwrap();
+    let good = std::fs::read(&state).unwrap();
+    std::fs::write(&state, vec![0xAB; good.len()]).unwrap();
+    let err = m.resume(&a.id).await.expect_err("corrupt paused state");
+    assert!(err.to_string().contains(&*state.to_string_lossy()), "{err}");
+    assert_eq!(m.get(&a.id).await.unwrap().state, SandboxState::Paused);
+    assert!(
+        repo.file_path(&pause, DISK).unwrap().exists(),
+        "disk given back"
+    );
+    std::fs::write(&state, &good).unwrap();
+
     let resumed = m.resume(&a.id).await.expect("resume");
+    assert!(repo.get(&pause.id).is_err(), "a resume consumes its pause");
     assert!(resumed.timings.is_some());
     assert_eq!(
         exec_ok(m, &a.id, "cat /home/user/state.txt").await.trim(),

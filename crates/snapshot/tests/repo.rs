@@ -209,3 +209,62 @@ fn check_reports_and_repair_removes_leftovers() {
     assert_eq!(repo.get("k").unwrap(), rec, "the good snapshot survives");
     assert!(repo.file_path(&rec, "memory").unwrap().exists());
 }
+
+/// A paused sandbox's disk: hard-linked in at publication (the source stays
+/// whole if the publication fails), then taken out by its resume and given
+/// back if that resume fails.
+#[test]
+fn linked_private_file_is_taken_and_returned() {
+    use siesta_snapshot::repo::{Placement, PublishFile};
+    use std::os::unix::fs::MetadataExt;
+
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = Repository::open(tmp.path().join("repo")).unwrap();
+    let (mem, state) = sources(tmp.path(), "p", 3);
+    let disk = tmp.path().join("disk.qcow2");
+    std::fs::write(&disk, b"written blocks").unwrap();
+    let mut req = request("p", &mem, &state);
+    req.files.push(PublishFile {
+        role: "disk".into(),
+        source: disk.clone(),
+        placement: Placement::LocalLink,
+        sha256: None,
+    });
+    let p = repo.publish(req).unwrap();
+    let in_repo = repo.file_path(&p, "disk").unwrap();
+    assert_eq!(
+        std::fs::metadata(&in_repo).unwrap().ino(),
+        std::fs::metadata(&disk).unwrap().ino(),
+        "linked, not copied"
+    );
+    std::fs::remove_file(&disk).unwrap();
+
+    repo.take_file("p", "disk", &disk).unwrap();
+    assert!(!in_repo.exists());
+    assert_eq!(std::fs::read(&disk).unwrap(), b"written blocks");
+    let report = repo.check().unwrap();
+    assert!(report
+        .issues
+        .iter()
+        .any(|i| i.kind == IssueKind::MissingFile));
+    repo.return_file("p", "disk", &disk).unwrap();
+    assert!(!disk.exists());
+    assert!(repo.check().unwrap().is_clean());
+
+    // Shared blobs and unknown roles cannot be taken; neither can a
+    // deleted snapshot's files.
+    let elsewhere = tmp.path().join("x");
+    assert!(matches!(
+        repo.take_file("p", "memory", &elsewhere),
+        Err(RepoError::Shared { .. })
+    ));
+    assert!(matches!(
+        repo.take_file("p", "nothing", &elsewhere),
+        Err(RepoError::NoFile { .. })
+    ));
+    repo.delete("p").unwrap();
+    assert!(matches!(
+        repo.take_file("p", "disk", &elsewhere),
+        Err(RepoError::NotFound(_))
+    ));
+}

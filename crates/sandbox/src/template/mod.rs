@@ -12,6 +12,7 @@ pub use record::TemplateRecord;
 
 use std::path::{Path, PathBuf};
 
+use siesta_snapshot::record::FileRef;
 use siesta_snapshot::record::{DISK, MEMORY, STATE};
 use siesta_snapshot::{RepoError, Repository, SnapshotRecord};
 
@@ -82,6 +83,14 @@ impl Template {
             record,
             snapshot: Some(snap),
         })
+    }
+
+    /// The template's snapshot id and its shared memory blob, which the
+    /// snapshots of its sandboxes reference instead of copying; `None` for
+    /// a legacy directory template.
+    pub(crate) fn shared_memory(&self) -> Option<(String, FileRef)> {
+        let snap = self.snapshot.as_ref()?;
+        Some((snap.id.clone(), snap.files.get(MEMORY)?.clone()))
     }
 
     pub fn memory_path(&self) -> PathBuf {

@@ -67,6 +67,8 @@ pub enum RepoError {
     },
     #[error("snapshot {id:?} has no file {role:?}")]
     NoFile { id: String, role: String },
+    #[error("file {role:?} of snapshot {id:?} is a shared blob; it cannot be taken")]
+    Shared { id: String, role: String },
     #[error("publication stopped by test hook at {0:?}")]
     Hook(PublishStep),
 }

@@ -1,6 +1,7 @@
 //! Changes to published snapshots: deletion and manifest attachment, both
 //! under the record lock, coordinated through tombstones.
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::fsutil::{io, replace_file, sync_dir, write_synced};
@@ -9,7 +10,7 @@ use super::{
     check_name, list_names, read_record, RepoError, Repository, COMMIT_MARKER, RECORD_FILE,
 };
 use crate::manifest::Manifest;
-use crate::record::{SnapshotRecord, MANIFEST_FILE};
+use crate::record::{FileLocation, SnapshotRecord, MANIFEST_FILE};
 
 const LOCK_WAIT: Duration = Duration::from_secs(10);
 
@@ -94,6 +95,50 @@ impl Repository {
         })?;
         replace_file(&dir.join(RECORD_FILE), &json)?;
         Ok(record)
+    }
+
+    /// Moves the private file of `role` out of snapshot `id` to `dest` (a
+    /// rename on the same file system), for a caller that consumes the
+    /// snapshot: a paused sandbox's resume takes its disk back to write on.
+    /// Until the file is given back ([`Repository::return_file`]) or the
+    /// snapshot deleted, `check` reports it missing. Shared blobs cannot be
+    /// taken: other snapshots read them.
+    pub fn take_file(&self, id: &str, role: &str, dest: &Path) -> Result<(), RepoError> {
+        check_name("snapshot id", id, false)?;
+        let _lock = RecordLock::acquire(&self.dir("locks"), id, LOCK_WAIT)?;
+        let from = self.private_file(id, role)?;
+        std::fs::rename(&from, dest).map_err(io("taking snapshot file", &from))?;
+        sync_dir(&self.snapshot_dir(id))?;
+        sync_dir(super::fsutil::parent(dest))
+    }
+
+    /// Puts back a file taken by [`Repository::take_file`].
+    pub fn return_file(&self, id: &str, role: &str, src: &Path) -> Result<(), RepoError> {
+        check_name("snapshot id", id, false)?;
+        let _lock = RecordLock::acquire(&self.dir("locks"), id, LOCK_WAIT)?;
+        let to = self.private_file(id, role)?;
+        std::fs::rename(src, &to).map_err(io("returning snapshot file", src))?;
+        sync_dir(&self.snapshot_dir(id))?;
+        sync_dir(super::fsutil::parent(src))
+    }
+
+    /// Where the private file of `role` of live snapshot `id` belongs.
+    fn private_file(&self, id: &str, role: &str) -> Result<PathBuf, RepoError> {
+        if self.is_tombstoned(id) {
+            return Err(RepoError::NotFound(id.to_string()));
+        }
+        let record = self.get(id)?;
+        match record.files.get(role).map(|f| &f.location) {
+            Some(FileLocation::Local { name }) => Ok(self.snapshot_dir(id).join(name)),
+            Some(FileLocation::Blob { .. }) => Err(RepoError::Shared {
+                id: id.to_string(),
+                role: role.to_string(),
+            }),
+            None => Err(RepoError::NoFile {
+                id: id.to_string(),
+                role: role.to_string(),
+            }),
+        }
     }
 
     /// Staging directories of `id` (publications in progress or crashed).

@@ -62,6 +62,11 @@ pub enum Placement {
     LocalMove,
     /// Private to this snapshot; copied in.
     LocalCopy,
+    /// Private to this snapshot; hard-linked in (copied across file
+    /// systems), so the source stays whole whatever happens to the
+    /// publication. The caller must stop writing to the source and unlink
+    /// it once published: both names are one file.
+    LocalLink,
 }
 
 #[derive(Debug, Clone)]
@@ -138,7 +143,9 @@ impl Repository {
         for f in &req.files {
             let r = match f.placement {
                 Placement::BlobMove | Placement::BlobCopy => self.add_blob(f)?,
-                Placement::LocalMove | Placement::LocalCopy => add_local(f, staging)?,
+                Placement::LocalMove | Placement::LocalCopy | Placement::LocalLink => {
+                    add_local(f, staging)?
+                }
             };
             files.insert(f.role.clone(), r);
         }
@@ -238,7 +245,15 @@ fn add_local(f: &PublishFile, staging: &Path) -> Result<FileRef, RepoError> {
             name: f.source.display().to_string(),
         })?;
     let dest = staging.join(&name);
-    place(&f.source, &dest, f.placement == Placement::LocalMove)?;
+    let linked =
+        f.placement == Placement::LocalLink && std::fs::hard_link(&f.source, &dest).is_ok();
+    if linked {
+        std::fs::File::open(&dest)
+            .and_then(|file| file.sync_all())
+            .map_err(io("syncing snapshot file", &dest))?;
+    } else {
+        place(&f.source, &dest, f.placement == Placement::LocalMove)?;
+    }
     let size = std::fs::metadata(&dest)
         .map_err(io("reading snapshot file", &dest))?
         .len();
