@@ -117,6 +117,13 @@ impl Slot {
         Ok(PolicyUpdate::Applied)
     }
 
+    /// Forgets which policy was applied, so the next [`Slot::apply_policy`]
+    /// writes it again (for a caller that does not trust a reused slot's
+    /// rules, and for measuring what skipping saves).
+    pub async fn forget_policy(&self) {
+        *self.policy.lock().await = None;
+    }
+
     /// Forgets the connection-tracking state of the previous tenant.
     pub(crate) async fn flush_conntrack(&self) -> Result<()> {
         netns::in_netns(

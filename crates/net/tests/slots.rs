@@ -255,6 +255,10 @@ async fn tap_slots_pool_reuse_and_policy() {
     );
     assert_eq!(b.apply_policy(&deny).await.unwrap(), PolicyUpdate::Applied);
     assert_eq!(b.apply_policy(&deny).await.unwrap(), PolicyUpdate::Skipped);
+    // A forgotten policy is written again (the pool does this when asked
+    // not to trust a reused slot's rules).
+    b.forget_policy().await;
+    assert_eq!(b.apply_policy(&deny).await.unwrap(), PolicyUpdate::Applied);
     let chain = ok(&[
         "ip",
         "netns",

@@ -63,6 +63,13 @@ pub struct NodeConfig {
     /// Prefetch a snapshot's startup manifest while it resumes
     /// (`SIESTA_PREFETCH=0|1`). See `docs/benchmarks.md` for why it is on.
     pub prefetch: bool,
+    /// Populate a pooled VMM's guest memory when it is spawned
+    /// (`SIESTA_PREALLOC=0|1`, default off: it costs each VM a private copy
+    /// of the template memory; see `docs/benchmarks.md`).
+    pub prealloc_memory: bool,
+    /// Skip re-applying a pooled slot's egress policy when it is already
+    /// the one asked for (`SIESTA_POLICY_SKIP=0|1`, default on).
+    pub policy_skip: bool,
 }
 
 impl NodeConfig {
@@ -84,6 +91,8 @@ impl NodeConfig {
             boot_ready_timeout: Duration::from_secs(180),
             record_manifest: true,
             prefetch: true,
+            prealloc_memory: false,
+            policy_skip: true,
         }
     }
 
@@ -114,6 +123,12 @@ impl NodeConfig {
         }
         if let Some(on) = env_flag("SIESTA_PREFETCH")? {
             config.prefetch = on;
+        }
+        if let Some(on) = env_flag("SIESTA_PREALLOC")? {
+            config.prealloc_memory = on;
+        }
+        if let Some(on) = env_flag("SIESTA_POLICY_SKIP")? {
+            config.policy_skip = on;
         }
         Ok(config)
     }

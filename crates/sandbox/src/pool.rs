@@ -31,9 +31,35 @@ pub struct PooledVm {
     pub run_dir: PathBuf,
 }
 
+/// How a pool prepares the VMMs it hands out: each is work taken off the
+/// resume path (`siesta bench resume --compare pool|prealloc|policy-skip`
+/// measures what each saves).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolOptions {
+    /// VMMs kept waiting per template (slot, overlay, process, device
+    /// configuration); 0 spawns each on demand, on the resume path.
+    pub size: usize,
+    /// Populate guest memory when a VMM is spawned (see
+    /// [`siesta_vmm::MemoryBacking::prealloc`]).
+    pub prealloc_memory: bool,
+    /// Keep a slot's egress policy across tenants and skip re-applying it
+    /// when unchanged.
+    pub policy_skip: bool,
+}
+
+impl PoolOptions {
+    pub fn from_config(config: &crate::NodeConfig) -> Self {
+        Self {
+            size: config.pool_size,
+            prealloc_memory: config.prealloc_memory,
+            policy_skip: config.policy_skip,
+        }
+    }
+}
+
 pub struct VmmPool {
     node: Arc<Node>,
-    per_template: usize,
+    options: PoolOptions,
     ready: Mutex<HashMap<String, Vec<PooledVm>>>,
     /// Set by `drain`: refills still running stop their VMMs instead of
     /// adding them.
@@ -43,15 +69,24 @@ pub struct VmmPool {
 }
 
 impl VmmPool {
+    /// A pool configured by the node's configuration.
     pub fn new(node: Arc<Node>) -> Arc<Self> {
-        let per_template = node.config.pool_size;
+        let options = PoolOptions::from_config(&node.config);
+        Self::with_options(node, options)
+    }
+
+    pub fn with_options(node: Arc<Node>, options: PoolOptions) -> Arc<Self> {
         Arc::new(Self {
             node,
-            per_template,
+            options,
             ready: Mutex::new(HashMap::new()),
             closed: std::sync::atomic::AtomicBool::new(false),
             refills: std::sync::Mutex::new(Vec::new()),
         })
+    }
+
+    pub fn options(&self) -> PoolOptions {
+        self.options
     }
 
     /// Takes a waiting VMM for `template`, or spawns one when none waits
@@ -63,13 +98,16 @@ impl VmmPool {
             Some(entry) => (entry, true),
             None => (self.spawn(template).await?, false),
         };
+        if !self.options.policy_skip {
+            entry.slot.forget_policy().await;
+        }
         self.refill(template.clone());
         Ok((entry, hit))
     }
 
     /// Tops the pool for `template` up to its size, in the background.
     pub fn refill(self: &Arc<Self>, template: Template) {
-        if self.per_template == 0 || self.closed.load(std::sync::atomic::Ordering::SeqCst) {
+        if self.options.size == 0 || self.closed.load(std::sync::atomic::Ordering::SeqCst) {
             return;
         }
         let pool = Arc::clone(self);
@@ -81,7 +119,7 @@ impl VmmPool {
                     .await
                     .get(&template.record.name)
                     .map_or(0, Vec::len);
-                if have >= pool.per_template {
+                if have >= pool.options.size {
                     return;
                 }
                 match pool.spawn(&template).await {
@@ -128,7 +166,7 @@ impl VmmPool {
                 return Err(e);
             }
         };
-        let spec = incoming_spec(
+        let mut spec = incoming_spec(
             &self.node,
             template,
             &id,
@@ -136,6 +174,7 @@ impl VmmPool {
             overlay.clone(),
             &slot,
         );
+        spec.memory.prealloc = self.options.prealloc_memory;
         match self.node.vmm.spawn(&spec).await {
             Ok(vm) => Ok(PooledVm {
                 id,
@@ -228,6 +267,7 @@ pub(crate) fn incoming_spec(
         memory: MemoryBacking {
             path: template.memory_path(),
             shared: false,
+            prealloc: false,
         },
         disk: Some(DiskSpec {
             path: disk,

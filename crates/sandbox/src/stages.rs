@@ -96,8 +96,8 @@ impl StageTimings {
         self.stages
             .iter()
             .filter(|(s, _)| *s == stage)
-            .map(|(_, ms)| ms)
-            .sum()
+            // Not `sum()`: an empty f64 sum is -0.0, printed "-0.0".
+            .fold(0.0, |total, (_, ms)| total + ms)
     }
 
     /// Time inside the total that no stage accounts for.

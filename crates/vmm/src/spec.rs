@@ -41,6 +41,13 @@ pub struct MemoryBacking {
     /// sparse, or old contents end up in the template). `false`: MAP_PRIVATE copy-on-write of a file that is never
     /// modified, so every VM restored from one template shares its page cache.
     pub shared: bool,
+    /// Populate every page before the guest runs (QEMU `prealloc=on`), so
+    /// the restored guest takes no page faults on its memory. With a private
+    /// mapping QEMU writes each page, which copies the whole file into
+    /// anonymous memory: the VM no longer shares the template's page cache.
+    /// Done when the VMM starts, before the snapshot is loaded.
+    #[serde(default)]
+    pub prealloc: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -171,6 +178,7 @@ pub(crate) mod tests {
             memory: MemoryBacking {
                 path: "/t/mem.img".into(),
                 shared: true,
+                prealloc: false,
             },
             disk: None,
             net: None,

@@ -216,6 +216,7 @@ impl Env {
             memory: MemoryBacking {
                 path: self.mem.clone(),
                 shared,
+                prealloc: false,
             },
             disk: None,
             net: None,

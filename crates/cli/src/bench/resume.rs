@@ -22,7 +22,7 @@ pub struct ResumeArgs {
     /// Print one JSON object instead of tables.
     #[arg(long)]
     json: bool,
-    /// Run a randomized-block comparison instead (see `bench/compare.rs`).
+    /// Run a randomized-block comparison instead (see `bench/compare/`).
     #[arg(long, value_enum)]
     compare: Option<super::compare::Compare>,
     /// Blocks of the comparison (each runs every condition once).

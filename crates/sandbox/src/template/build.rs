@@ -129,6 +129,7 @@ fn boot_spec(
         memory: MemoryBacking {
             path: memory,
             shared: true,
+            prealloc: false,
         },
         disk: Some(DiskSpec {
             path: disk,

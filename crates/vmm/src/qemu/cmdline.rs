@@ -55,6 +55,9 @@ pub fn build_argv(spec: &LaunchSpec, accel: Accel, machine: &str) -> Vec<OsStrin
     } else {
         ",share=off"
     });
+    if spec.memory.prealloc {
+        mem.push(",prealloc=on");
+    }
     a.pair("-object", mem);
     a.pair("-numa", "node,memdev=mem");
 
@@ -236,6 +239,9 @@ mod tests {
         assert_eq!(value_of(&argv, "-cpu"), ["host"]);
         assert_eq!(value_of(&argv, "-accel"), ["kvm"]);
         assert!(value_of(&argv, "-object")[0].ends_with(",share=off"));
+        s.memory.prealloc = true;
+        let argv = strs(&build_argv(&s, Accel::Kvm, "pc-q35-7.2"));
+        assert!(value_of(&argv, "-object")[0].ends_with(",share=off,prealloc=on"));
         assert_eq!(value_of(&argv, "-chardev"), ["null,id=ser0"]);
         assert_eq!(
             value_of(&argv, "-drive"),

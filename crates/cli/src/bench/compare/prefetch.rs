@@ -1,5 +1,5 @@
-//! `siesta bench resume --compare prefetch --blocks N [--json]`: the seed's
-//! randomized-block experiment (shared/seeds/001_*).
+//! `--compare prefetch`: the seed's randomized-block experiment
+//! (shared/seeds/001_*).
 //!
 //! Each block runs the four conditions in a fresh random order:
 //! file-warm/prefetch-off, file-warm/prefetch-on, file-cold/prefetch-off,
@@ -19,22 +19,16 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use rand::seq::SliceRandom;
 use serde_json::json;
-use siesta_sandbox::envd::InitParams;
+use siesta_sandbox::layout::Layout;
 use siesta_sandbox::pool::VmmPool;
-use siesta_sandbox::resume::{self, ResumeParams};
 use siesta_sandbox::stages::{Stage, StageTimings};
-use siesta_sandbox::template::{self, Template};
-use siesta_sandbox::{Node, NodeConfig};
+use siesta_sandbox::template::Template;
+use siesta_sandbox::Node;
 
-use super::pagecache::{make_cold, make_warm, residency};
-use super::paired::{paired, Paired};
+use super::{ready_template, resume_once, stage_table, stop, warm_pool, MAX_TRIES};
+use crate::bench::pagecache::{make_cold, make_warm, residency};
+use crate::bench::paired::{paired, Paired};
 use crate::stats::summarize;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Compare {
-    /// Startup-manifest prefetch under file-warm and file-cold memory.
-    Prefetch,
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Cond {
@@ -62,58 +56,29 @@ impl Cond {
     }
 }
 
-/// Attempts per trial before the run is abandoned.
-const MAX_TRIES: usize = 5;
-
 struct Trial {
     ms: f64,
     timings: StageTimings,
 }
 
 pub async fn run(
-    _what: Compare,
+    node: &Arc<Node>,
+    layout: &Layout,
     template: &str,
     blocks: usize,
     json: bool,
 ) -> anyhow::Result<ExitCode> {
-    if blocks < 2 {
-        bail!("--blocks must be at least 2 for intervals");
-    }
-    let mut config = NodeConfig::from_env().map_err(anyhow::Error::msg)?;
-    config.net_tag = "c".into(); // never a server's slots
-    config.pool_size = 1;
-    let layout = config.layout();
-    let node = Node::start(config).await?;
-    let pool = VmmPool::new(Arc::clone(&node));
+    let pool = VmmPool::with_options(Arc::clone(node), warm_pool());
     let outcome = async {
-        let tpl = ready_template(&node, &layout, template).await?;
+        let tpl = ready_template(node, layout, template).await?;
         pool.refill(tpl.clone());
-        measure(&node, &pool, &tpl, blocks, json).await
+        measure(node, &pool, &tpl, blocks, json).await
     }
     .await;
     pool.drain().await;
-    node.shutdown().await;
     let (trials, rejected, tpl) = outcome?;
-    report(&trials, rejected, blocks, &tpl, &node, json);
+    report(&trials, rejected, blocks, &tpl, node, json);
     Ok(ExitCode::SUCCESS)
-}
-
-/// The template, with a startup manifest (recorded now when it has none).
-async fn ready_template(
-    node: &Arc<Node>,
-    layout: &siesta_sandbox::layout::Layout,
-    name: &str,
-) -> anyhow::Result<Template> {
-    let tpl = Template::open(layout, name)?;
-    let has = tpl.snapshot.as_ref().is_some_and(|s| s.manifest.is_some());
-    if has {
-        return Ok(tpl);
-    }
-    eprintln!("template {name} has no startup manifest: recording one");
-    template::record_startup_manifest(node, &tpl)
-        .await
-        .context("recording the startup manifest")?;
-    Ok(Template::open(layout, name)?)
 }
 
 type Measured = (BTreeMap<Cond, Vec<Trial>>, usize, Template);
@@ -199,29 +164,6 @@ async fn one_trial(
         ms: timings.total_ms,
         timings,
     }))
-}
-
-async fn resume_once(
-    node: &Arc<Node>,
-    pool: &Arc<VmmPool>,
-    tpl: &Template,
-) -> anyhow::Result<resume::Resumed> {
-    pool.wait_ready(&tpl.record.name, Duration::from_secs(120))
-        .await?;
-    let params = ResumeParams {
-        init: InitParams::new(None, Default::default()),
-        guest_token: None,
-        egress: siesta_net::EgressPolicy {
-            allow_internet: true,
-        },
-    };
-    Ok(resume::from_template(node, pool, tpl, &params).await?)
-}
-
-async fn stop(node: &Node, mut r: resume::Resumed) {
-    let _ = r.vm.shutdown().await;
-    node.release_slot(r.slot).await;
-    let _ = std::fs::remove_dir_all(&r.dir);
 }
 
 /// The four paired comparisons of the seed, per block.
@@ -380,34 +322,12 @@ fn report(
         };
         println!("| {} | {ran} | {done}/{} |", c.name(), v.len());
     }
-    stage_table(trials);
-}
-
-/// Mean of every stage per condition: where a difference comes from.
-fn stage_table(trials: &BTreeMap<Cond, Vec<Trial>>) {
-    print!("\n| Stage (mean ms) |");
-    for c in Cond::ALL {
-        print!(" {} |", c.name());
-    }
-    println!("\n| --- | ---: | ---: | ---: | ---: |");
-    let mean = |c: Cond, f: &dyn Fn(&StageTimings) -> f64| {
-        let v = trials.get(&c).map(Vec::as_slice).unwrap_or_default();
-        v.iter().map(|t| f(&t.timings)).sum::<f64>() / v.len().max(1) as f64
-    };
-    for stage in Stage::ALL {
-        print!("| {} |", stage.name());
-        for c in Cond::ALL {
-            print!(" {:.1} |", mean(c, &|t| t.get(stage)));
-        }
-        println!();
-    }
-    print!("| unattributed |");
-    for c in Cond::ALL {
-        print!(" {:.1} |", mean(c, &StageTimings::unattributed_ms));
-    }
-    print!("\n| **total** |");
-    for c in Cond::ALL {
-        print!(" **{:.1}** |", mean(c, &|t| t.total_ms));
-    }
-    println!();
+    let columns: Vec<(&str, Vec<&StageTimings>)> = Cond::ALL
+        .iter()
+        .map(|c| {
+            let v = trials.get(c).map(Vec::as_slice).unwrap_or_default();
+            (c.name(), v.iter().map(|t| &t.timings).collect())
+        })
+        .collect();
+    stage_table(&columns);
 }

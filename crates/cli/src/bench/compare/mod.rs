@@ -1,0 +1,145 @@
+//! `siesta bench resume --compare WHAT --blocks N [--json]`: randomized-block
+//! experiments on the resume path, in the style of the seed's
+//! (shared/seeds/001_*): conditions in a fresh random order per block, an
+//! untimed baseline resume before every timed one, paired differences with
+//! 95% Student-t intervals.
+//!
+//! - `prefetch` ([`prefetch`]): startup-manifest prefetch under file-warm
+//!   and file-cold memory, four conditions.
+//! - `pool`, `prealloc`, `policy-skip` ([`followup`]): the seed's other
+//!   follow-ups, each work the VMM pool can take off the resume path, as
+//!   off/on pairs with the memory file warm.
+
+mod followup;
+mod prefetch;
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use siesta_sandbox::envd::InitParams;
+use siesta_sandbox::layout::Layout;
+use siesta_sandbox::pool::{PoolOptions, VmmPool};
+use siesta_sandbox::resume::{self, ResumeParams};
+use siesta_sandbox::stages::{Stage, StageTimings};
+use siesta_sandbox::template::{self, Template};
+use siesta_sandbox::{Node, NodeConfig};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Compare {
+    /// Startup-manifest prefetch under file-warm and file-cold memory.
+    Prefetch,
+    /// A VMM prepared ahead by the pool (process, device configuration,
+    /// disk overlay, network slot) against one made on the resume path.
+    Pool,
+    /// Guest memory populated when the pooled VMM is spawned against
+    /// faulted in by the running guest.
+    Prealloc,
+    /// Skipping an unchanged egress policy on a reused slot against
+    /// re-applying it.
+    PolicySkip,
+}
+
+/// Attempts per trial before the run is abandoned.
+const MAX_TRIES: usize = 5;
+/// How long to wait for a pooled VMM.
+const POOL_WAIT: Duration = Duration::from_secs(120);
+
+pub async fn run(
+    what: Compare,
+    template: &str,
+    blocks: usize,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    if blocks < 2 {
+        bail!("--blocks must be at least 2 for intervals");
+    }
+    let mut config = NodeConfig::from_env().map_err(anyhow::Error::msg)?;
+    config.net_tag = "c".into(); // never a server's slots
+    let layout = config.layout();
+    let node = Node::start(config).await?;
+    let outcome = match what {
+        Compare::Prefetch => prefetch::run(&node, &layout, template, blocks, json).await,
+        other => followup::run(&node, &layout, other, template, blocks, json).await,
+    };
+    node.shutdown().await;
+    outcome
+}
+
+/// The pool every experiment starts from: one VMM waiting, as a server runs.
+fn warm_pool() -> PoolOptions {
+    PoolOptions {
+        size: 1,
+        prealloc_memory: false,
+        policy_skip: true,
+    }
+}
+
+/// The template, with a startup manifest (recorded now when it has none).
+async fn ready_template(node: &Arc<Node>, layout: &Layout, name: &str) -> anyhow::Result<Template> {
+    let tpl = Template::open(layout, name)?;
+    let has = tpl.snapshot.as_ref().is_some_and(|s| s.manifest.is_some());
+    if has {
+        return Ok(tpl);
+    }
+    eprintln!("template {name} has no startup manifest: recording one");
+    template::record_startup_manifest(node, &tpl)
+        .await
+        .context("recording the startup manifest")?;
+    Ok(Template::open(layout, name)?)
+}
+
+/// One resume of `tpl` through `pool` (waiting for its VMM first unless the
+/// pool keeps none), as the server resumes a new sandbox.
+async fn resume_once(
+    node: &Arc<Node>,
+    pool: &Arc<VmmPool>,
+    tpl: &Template,
+) -> anyhow::Result<resume::Resumed> {
+    if pool.options().size > 0 {
+        pool.wait_ready(&tpl.record.name, POOL_WAIT).await?;
+    }
+    let params = ResumeParams {
+        init: InitParams::new(None, Default::default()),
+        guest_token: None,
+        egress: siesta_net::EgressPolicy {
+            allow_internet: true,
+        },
+    };
+    Ok(resume::from_template(node, pool, tpl, &params).await?)
+}
+
+/// Stops a resumed VM and removes its sandbox directory.
+async fn stop(node: &Node, mut r: resume::Resumed) {
+    let _ = r.vm.shutdown().await;
+    node.release_slot(r.slot).await;
+    let _ = std::fs::remove_dir_all(&r.dir);
+}
+
+/// Mean of every stage per condition (columns of `(name, timings)`): where
+/// a difference comes from.
+fn stage_table(columns: &[(&str, Vec<&StageTimings>)]) {
+    print!("\n| Stage (mean ms) |");
+    for (name, _) in columns {
+        print!(" {name} |");
+    }
+    print!("\n| --- |");
+    for _ in columns {
+        print!(" ---: |");
+    }
+    println!();
+    let row = |label: &str, f: &dyn Fn(&StageTimings) -> f64| {
+        print!("| {label} |");
+        for (_, v) in columns {
+            let mean = v.iter().map(|t| f(t)).sum::<f64>() / v.len().max(1) as f64;
+            print!(" {mean:.1} |");
+        }
+        println!();
+    };
+    for stage in Stage::ALL {
+        row(stage.name(), &|t| t.get(stage));
+    }
+    row("unattributed", &StageTimings::unattributed_ms);
+    row("**total**", &|t| t.total_ms);
+}
