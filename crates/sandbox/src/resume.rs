@@ -14,7 +14,7 @@
 //!
 //! Beside them, in the background, `memory_prefetch` reads the template's
 //! startup manifest pages of the memory file into the page cache from the
-//! start of the resume; it is let go of when the guest answers `/health`
+//! start of the resume; it is let go of when the agent is initialised
 //! and recorded apart (how long it ran, whether it finished before ready),
 //! so it never delays a resume. Both paths map the template's memory file,
 //! so both prefetch it.
@@ -192,16 +192,18 @@ async fn finish(
             client.wait_healthy(node.config.resume_ready_timeout),
         )
         .await;
+    let ready = match healthy {
+        Ok(_) => {
+            clock
+                .time(Stage::AgentInit, client.init(&params.init))
+                .await
+        }
+        Err(e) => Err(e),
+    };
     // Ready (or failed): the prefetch is accounted for and let go of;
     // dropping the last claim cancels what it has not read yet.
     finish_at_ready(&mut clock, prefetch);
-    if let Err(e) = healthy {
-        return Err(guard.fail(e).await);
-    }
-    if let Err(e) = clock
-        .time(Stage::AgentInit, client.init(&params.init))
-        .await
-    {
+    if let Err(e) = ready {
         return Err(guard.fail(e).await);
     }
     let timings = clock.finish();

@@ -1,6 +1,7 @@
 //! Recording a template's startup manifest: restore it once, sample the
 //! VMM's pagemap over the guest-memory mapping from the load until the agent
-//! answers `/health`, and attach the result to the template's snapshot
+//! is ready as a resume makes it (`/health` answered, then `/init` done,
+//! since both run before a sandbox is handed out), and attach the result to the template's snapshot
 //! record under its lock.
 //!
 //! It runs after publication, so the template is usable before (without
@@ -14,6 +15,7 @@ use siesta_snapshot::pagemap::PagemapRecorder;
 use siesta_snapshot::Repository;
 
 use super::Template;
+use crate::envd::InitParams;
 use crate::error::{Error, IoContext, Result};
 use crate::node::Node;
 use crate::pool::incoming_spec;
@@ -31,7 +33,7 @@ pub struct RecordedManifest {
     pub ranges: usize,
     pub runs: usize,
     pub samples: u32,
-    /// From the load request to the agent's first answer.
+    /// From the load request to the agent initialised.
     pub ready_ms: f64,
 }
 
@@ -134,21 +136,32 @@ async fn sample_until_ready(
         .await
         .map_err(|source| Error::vmm(id.to_string(), source))?;
     let client = node.envd_client(id, slot, None);
-    let healthy = client.wait_healthy(node.config.resume_ready_timeout);
-    tokio::pin!(healthy);
-    let mut tick = tokio::time::interval(SAMPLE_EVERY);
-    loop {
-        tokio::select! {
-            r = &mut healthy => {
-                r?;
-                break;
-            }
-            _ = tick.tick() => {
-                recorder.sample().map_err(pagemap_err)?;
-            }
-        }
-    }
+    let timeout = node.config.resume_ready_timeout;
+    sample_while(&mut recorder, client.wait_healthy(timeout)).await??;
+    let init = InitParams::new(None, Default::default());
+    sample_while(&mut recorder, client.init(&init)).await??;
     let ready_ms = started.elapsed().as_secs_f64() * 1e3;
     recorder.sample().map_err(pagemap_err)?;
     Ok((recorder, ready_ms))
+}
+
+/// Runs `work` to completion, sampling the pagemap every [`SAMPLE_EVERY`]
+/// meanwhile; a sampling error ends it early.
+async fn sample_while<T>(
+    recorder: &mut PagemapRecorder,
+    work: impl std::future::Future<Output = T>,
+) -> Result<T> {
+    tokio::pin!(work);
+    let mut tick = tokio::time::interval(SAMPLE_EVERY);
+    loop {
+        tokio::select! {
+            r = &mut work => return Ok(r),
+            _ = tick.tick() => {
+                recorder.sample().map_err(|e| Error::Command {
+                    what: "recording the startup manifest".into(),
+                    detail: e.to_string(),
+                })?;
+            }
+        }
+    }
 }
