@@ -12,12 +12,14 @@
 //! - [`pagemap`]: records a manifest by sampling `/proc/<pid>/pagemap` of
 //!   the VMM over its guest-memory mapping.
 //! - [`prefetch`]: reads a manifest's ranges of the memory file into the page
-//!   cache while a restore runs, shared between concurrent resumes.
+//!   cache while a restore runs, shared between concurrent resumes; chunks
+//!   already cached ([`pagecache`]) are skipped.
 //!
 //! The on-disk layout and the manifest format are documented in
 //! `docs/snapshots.md`.
 
 pub mod manifest;
+pub mod pagecache;
 pub mod pagemap;
 pub mod prefetch;
 pub mod record;

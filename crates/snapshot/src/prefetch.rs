@@ -8,7 +8,9 @@
 //! the last one is dropped before the reads finish, they are cancelled
 //! between chunks (a read already in the kernel completes). At most
 //! `readers` reads run at once in the whole process, each with its own
-//! 1 MiB buffer, taking chunks in first-touch order.
+//! 1 MiB buffer, taking chunks in first-touch order. A chunk already
+//! resident (`mincore`, see [`crate::pagecache`]) is skipped: reading it
+//! would only copy memory, on CPUs the restoring VM needs.
 
 use std::collections::HashMap;
 use std::os::unix::fs::{FileExt, MetadataExt};
@@ -20,6 +22,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{watch, Semaphore};
 
 use crate::manifest::Manifest;
+use crate::pagecache::Residency;
 
 #[derive(Debug, Clone)]
 pub struct PrefetchConfig {
@@ -27,6 +30,11 @@ pub struct PrefetchConfig {
     pub readers: usize,
     /// Bytes per read (and per reader buffer).
     pub buffer_bytes: usize,
+    /// Widen every manifest run to whole aligned blocks of this many bytes
+    /// (0: exactly the recorded pages). A resume touches a few pages near
+    /// the recorded ones that one recording did not see; the kernel's
+    /// fault read-around would fetch them one disk read each.
+    pub pad_bytes: u64,
     /// Pause after every chunk (tests: make a prefetch slow enough to be
     /// cancelled while running).
     #[doc(hidden)]
@@ -38,6 +46,7 @@ impl Default for PrefetchConfig {
         Self {
             readers: 4,
             buffer_bytes: 1 << 20,
+            pad_bytes: 0,
             chunk_delay: None,
         }
     }
@@ -46,7 +55,10 @@ impl Default for PrefetchConfig {
 /// How a prefetch ended.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PrefetchOutcome {
+    /// Bytes of the manifest now cached: read, or found resident.
     pub bytes: u64,
+    /// Of those, bytes skipped because they were already resident.
+    pub resident_bytes: u64,
     pub chunks: usize,
     /// From start to the last read.
     pub elapsed: Duration,
@@ -132,7 +144,12 @@ impl Prefetcher {
         });
         inflight.insert(key, Arc::downgrade(&shared));
         drop(inflight);
-        let chunks = Arc::new(chunks(&manifest, self.inner.config.buffer_bytes as u64));
+        let config = &self.inner.config;
+        let chunks = Arc::new(chunks(
+            &manifest,
+            config.buffer_bytes as u64,
+            config.pad_bytes,
+        ));
         tokio::spawn(run(
             Arc::clone(&self.inner),
             Arc::clone(&shared),
@@ -226,6 +243,7 @@ impl PrefetchWatch {
 fn lost() -> PrefetchOutcome {
     PrefetchOutcome {
         bytes: 0,
+        resident_bytes: 0,
         chunks: 0,
         elapsed: Duration::ZERO,
         completed: false,
@@ -233,17 +251,45 @@ fn lost() -> PrefetchOutcome {
     }
 }
 
-/// The manifest's runs, in first-touch order, cut into reads of at most
-/// `max` bytes.
-pub fn chunks(manifest: &Manifest, max: u64) -> Vec<(u64, u64)> {
-    let max = max.max(u64::from(manifest.page_size));
+/// The manifest's runs, in first-touch order, widened to `pad`-aligned
+/// blocks (if `pad` is a multiple of the page size), cut into reads of at
+/// most `max` bytes.
+pub fn chunks(manifest: &Manifest, max: u64, pad: u64) -> Vec<(u64, u64)> {
+    let page = u64::from(manifest.page_size);
+    let max = max.max(page);
+    let runs: Vec<(u64, u64)> = if pad > page && pad.is_multiple_of(page) {
+        padded(manifest, pad)
+    } else {
+        manifest.runs.iter().map(|r| (r.offset, r.end())).collect()
+    };
     let mut out = Vec::new();
-    for r in &manifest.runs {
-        let mut off = r.offset;
-        while off < r.end() {
-            let len = (r.end() - off).min(max);
+    for (start, end) in runs {
+        let mut off = start;
+        while off < end {
+            let len = (end - off).min(max);
             out.push((off, len));
             off += len;
+        }
+    }
+    out
+}
+
+/// The runs widened to whole `pad` blocks, each block once, in the order
+/// its first page was touched, adjacent new blocks merged.
+fn padded(manifest: &Manifest, pad: u64) -> Vec<(u64, u64)> {
+    let limit = manifest.guest_memory_size;
+    let mut seen = std::collections::HashSet::new();
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for r in &manifest.runs {
+        for block in r.offset / pad..r.end().div_ceil(pad) {
+            if !seen.insert(block) {
+                continue;
+            }
+            let (start, end) = (block * pad, ((block + 1) * pad).min(limit));
+            match out.last_mut() {
+                Some(last) if last.1 == start => last.1 = end,
+                _ => out.push((start, end)),
+            }
         }
     }
     out
@@ -259,6 +305,9 @@ async fn run(
 ) {
     let next = Arc::new(AtomicUsize::new(0));
     let bytes = Arc::new(AtomicU64::new(0));
+    let resident_bytes = Arc::new(AtomicU64::new(0));
+    // Without a mapping (it failed), every chunk is read.
+    let residency = Arc::new(Residency::map(&file).ok().flatten());
     let done_chunks = Arc::new(AtomicUsize::new(0));
     let workers = inner.config.readers.max(1).min(chunks.len());
     let mut tasks = Vec::with_capacity(workers);
@@ -270,6 +319,7 @@ async fn run(
             Arc::clone(&bytes),
             Arc::clone(&done_chunks),
         );
+        let (residency, resident_bytes) = (Arc::clone(&residency), Arc::clone(&resident_bytes));
         let (buf_len, delay) = (inner.config.buffer_bytes, inner.config.chunk_delay);
         tasks.push(tokio::spawn(async move {
             // The permit bounds reads in the whole process, not per prefetch.
@@ -285,7 +335,16 @@ async fn run(
                         return Ok(());
                     };
                     let want = (len as usize).min(buf.len());
-                    let n = read_at_most(&file, &mut buf[..want], off)?;
+                    let cached = residency
+                        .as_ref()
+                        .as_ref()
+                        .is_some_and(|r| r.all_resident(off, want as u64));
+                    let n = if cached {
+                        resident_bytes.fetch_add(want as u64, Ordering::Relaxed);
+                        want
+                    } else {
+                        read_at_most(&file, &mut buf[..want], off)?
+                    };
                     bytes.fetch_add(n as u64, Ordering::Relaxed);
                     done_chunks.fetch_add(1, Ordering::Relaxed);
                     if let Some(d) = delay {
@@ -308,6 +367,7 @@ async fn run(
     let chunks_read = done_chunks.load(Ordering::SeqCst);
     let outcome = PrefetchOutcome {
         bytes: bytes.load(Ordering::SeqCst),
+        resident_bytes: resident_bytes.load(Ordering::SeqCst),
         chunks: chunks_read,
         elapsed: shared.started.elapsed(),
         completed: error.is_none() && chunks_read == chunks.len(),

@@ -6,47 +6,17 @@ use std::os::unix::io::AsRawFd;
 use std::path::Path;
 
 use anyhow::{bail, Context};
+use siesta_snapshot::pagecache::Residency;
 
-/// Resident and total pages of `path` (mincore over a fresh mapping, which
-/// itself faults nothing in).
+/// Resident and total pages of `path`.
 pub fn residency(path: &Path) -> anyhow::Result<(usize, usize)> {
     let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let len = file.metadata()?.len() as usize;
-    if len == 0 {
+    let Some(map) = Residency::map(&file).with_context(|| format!("mapping {}", path.display()))?
+    else {
         return Ok((0, 0));
-    }
-    // SAFETY: sysconf has no preconditions.
-    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
-    let pages = len.div_ceil(page);
-    // SAFETY: a read-only shared mapping of a file we hold open, unmapped
-    // below; nothing reads through it.
-    let addr = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ,
-            libc::MAP_SHARED,
-            file.as_raw_fd(),
-            0,
-        )
     };
-    if addr == libc::MAP_FAILED {
-        bail!(
-            "mmap of {}: {}",
-            path.display(),
-            std::io::Error::last_os_error()
-        );
-    }
-    let mut vec = vec![0u8; pages];
-    // SAFETY: vec has one byte per page of the mapping.
-    let rc = unsafe { libc::mincore(addr, len, vec.as_mut_ptr()) };
-    let err = std::io::Error::last_os_error();
-    // SAFETY: unmapping what we mapped.
-    unsafe { libc::munmap(addr, len) };
-    if rc != 0 {
-        bail!("mincore of {}: {err}", path.display());
-    }
-    Ok((vec.iter().filter(|b| **b & 1 == 1).count(), pages))
+    map.count(0, map.len() as u64)
+        .with_context(|| format!("mincore of {}", path.display()))
 }
 
 /// Drops the file's pages from the page cache (`POSIX_FADV_DONTNEED`).

@@ -16,6 +16,7 @@ fn slow() -> Prefetcher {
     Prefetcher::new(PrefetchConfig {
         readers: 4,
         buffer_bytes: PS as usize,
+        pad_bytes: 0,
         chunk_delay: Some(Duration::from_millis(5)),
     })
 }
@@ -24,20 +25,58 @@ fn slow() -> Prefetcher {
 fn chunks_follow_first_touch_order_and_split_at_buffer_size() {
     let m = Manifest::from_touch_order(4096, 1 << 20, &[10, 11, 12, 1]);
     assert_eq!(
-        chunks(&m, 8192),
+        chunks(&m, 8192, 0),
         vec![(40960, 8192), (49152, 4096), (4096, 4096)]
     );
 }
 
+#[test]
+fn padding_widens_runs_to_aligned_blocks_once_each() {
+    // Pages 10-12 then 1, padded to 4 pages: blocks 2 and 3 (pages 8-15),
+    // then block 0 (pages 0-3); the memory ends at page 14.
+    let m = Manifest::from_touch_order(4096, 14 * 4096, &[10, 11, 12, 1, 9]);
+    assert_eq!(
+        chunks(&m, 1 << 20, 4 * 4096),
+        vec![(8 * 4096, 6 * 4096), (0, 4 * 4096)]
+    );
+    // A pad that is not a page multiple is ignored.
+    assert_eq!(chunks(&m, 1 << 20, 1000), chunks(&m, 1 << 20, 0));
+}
+
+/// Drops `path`'s pages from the page cache; false where the file system
+/// keeps them anyway (tmpfs).
+fn make_cold(path: &Path) -> bool {
+    use std::os::unix::io::AsRawFd;
+    let f = std::fs::File::open(path).unwrap();
+    f.sync_all().unwrap();
+    // SAFETY: fadvise on a descriptor we own.
+    unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    let map = Residency::map(&f).unwrap().unwrap();
+    map.count(0, map.len() as u64).unwrap().0 == 0
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn reads_every_range() {
+async fn reads_every_range_and_skips_what_is_cached() {
     let (_d, path, m) = setup(64);
     let p = Prefetcher::default();
-    let h = p.start(&path, Arc::clone(&m), "x").unwrap();
-    let out = h.wait().await;
+    // Just written: every chunk is resident, nothing is read.
+    let out = p.start(&path, Arc::clone(&m), "x").unwrap().wait().await;
     assert!(out.completed, "{out:?}");
     assert_eq!(out.bytes, m.total_bytes());
+    assert_eq!(out.resident_bytes, m.total_bytes());
     assert_eq!(out.error, None);
+
+    if make_cold(&path) {
+        let out = p.start(&path, Arc::clone(&m), "x").unwrap().wait().await;
+        assert!(out.completed, "{out:?}");
+        assert_eq!(out.bytes, m.total_bytes());
+        assert!(out.resident_bytes < m.total_bytes(), "{out:?}");
+        let f = std::fs::File::open(&path).unwrap();
+        let map = Residency::map(&f).unwrap().unwrap();
+        for r in &m.runs {
+            assert!(map.all_resident(r.offset, r.end() - r.offset));
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
