@@ -63,9 +63,14 @@ pub struct NodeConfig {
     /// Prefetch a snapshot's startup manifest while it resumes
     /// (`SIESTA_PREFETCH=0|1`). See `docs/benchmarks.md` for why it is on.
     pub prefetch: bool,
+    /// Widen the prefetched ranges to aligned blocks of this many KiB
+    /// (`SIESTA_PREFETCH_PAD_KIB`, default 64; 0 reads exactly the recorded
+    /// pages). See `docs/benchmarks.md` for the measurement behind it.
+    pub prefetch_pad_kib: u64,
     /// Populate a pooled VMM's guest memory when it is spawned
-    /// (`SIESTA_PREALLOC=0|1`, default off: it costs each VM a private copy
-    /// of the template memory; see `docs/benchmarks.md`).
+    /// (`SIESTA_PREALLOC=0|1`, default off: it makes resumes faster but
+    /// costs each VM a private copy of the template memory instead of a
+    /// shared page cache; see `docs/benchmarks.md`).
     pub prealloc_memory: bool,
     /// Skip re-applying a pooled slot's egress policy when it is already
     /// the one asked for (`SIESTA_POLICY_SKIP=0|1`, default on).
@@ -91,6 +96,7 @@ impl NodeConfig {
             boot_ready_timeout: Duration::from_secs(180),
             record_manifest: true,
             prefetch: true,
+            prefetch_pad_kib: 64,
             prealloc_memory: false,
             policy_skip: true,
         }
@@ -123,6 +129,11 @@ impl NodeConfig {
         }
         if let Some(on) = env_flag("SIESTA_PREFETCH")? {
             config.prefetch = on;
+        }
+        if let Ok(kib) = std::env::var("SIESTA_PREFETCH_PAD_KIB") {
+            config.prefetch_pad_kib = kib
+                .parse()
+                .map_err(|e| format!("SIESTA_PREFETCH_PAD_KIB={kib:?}: {e}"))?;
         }
         if let Some(on) = env_flag("SIESTA_PREALLOC")? {
             config.prealloc_memory = on;

@@ -28,8 +28,12 @@ pub struct MemoryPrefetch {
 
 impl MemoryPrefetch {
     pub fn new(enabled: bool) -> Self {
+        Self::with_config(enabled, PrefetchConfig::default())
+    }
+
+    pub fn with_config(enabled: bool, config: PrefetchConfig) -> Self {
         Self {
-            prefetcher: Prefetcher::new(PrefetchConfig::default()),
+            prefetcher: Prefetcher::new(config),
             enabled: AtomicBool::new(enabled),
             cache: Mutex::new(HashMap::new()),
         }

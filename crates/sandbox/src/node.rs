@@ -55,7 +55,13 @@ impl Node {
             vmm = %info.kind, version = %info.version, accelerator = %info.accel,
             "node started"
         );
-        let prefetch = crate::memory_prefetch::MemoryPrefetch::new(config.prefetch);
+        let prefetch = crate::memory_prefetch::MemoryPrefetch::with_config(
+            config.prefetch,
+            siesta_snapshot::prefetch::PrefetchConfig {
+                pad_bytes: config.prefetch_pad_kib << 10,
+                ..Default::default()
+            },
+        );
         Ok(Arc::new(Self {
             config,
             vmm: Arc::new(vmm),
