@@ -17,16 +17,12 @@ use std::sync::Arc;
 
 use chrono::Utc;
 use siesta_net::EgressPolicy;
-use siesta_snapshot::record::{DISK, STATE};
-use siesta_snapshot::Repository;
-use siesta_vmm::MemorySave;
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
 use crate::envd::{EnvdClient, ExecOutput, InitParams};
 use crate::error::{Error, IoContext, Result};
 use crate::lifecycle::{deadline, Reaper};
 use crate::node::Node;
-use crate::paused;
 use crate::pool::VmmPool;
 use crate::resume::{self, ResumeParams, Resumed};
 use crate::sandbox::{
@@ -306,52 +302,6 @@ impl SandboxManager {
         self.pause_locked(&mut sb).await
     }
 
-    pub(crate) async fn pause_locked(&self, sb: &mut Sandbox) -> Result<()> {
-        let id = sb.record.id.clone();
-        let state_path = sb.state_path();
-        let disk = sb.disk_path();
-        let template = Template::open(&self.node.config.layout(), &sb.record.template)?;
-        let repo = self.repo()?;
-        let Some(running) = sb.running.as_mut() else {
-            return Err(wrong_state(sb, "running"));
-        };
-        let vmm_err = |source| Error::vmm(id.clone(), source);
-        running.vm.pause().await.map_err(vmm_err)?;
-        let saved = match running.vm.save(&state_path, MemorySave::InState).await {
-            Ok(_) => paused::publish(&repo, &template, &id, &state_path, &disk),
-            Err(e) => Err(vmm_err(e)),
-        };
-        let snapshot = match saved {
-            Ok(s) => s,
-            Err(e) => {
-                // Nothing is lost: the VM is still there; let it go on.
-                let _ = std::fs::remove_file(&state_path);
-                let _ = running.vm.resume().await;
-                return Err(e);
-            }
-        };
-        // The snapshot is durable before the row says paused, so a crash in
-        // between is recovered as a pause (see recovery).
-        let before = sb.record.clone();
-        sb.record.state = SandboxState::Paused;
-        sb.record.agent_addr = None;
-        sb.record.vmm_pid = None;
-        if let Err(e) = self.store.put(&sb.record) {
-            // Not paused as far as anyone will know: back to running.
-            sb.record = before;
-            if let Err(e) = repo.delete(&snapshot.id) {
-                tracing::warn!(sandbox = %id, "dropping unused pause {}: {e}", snapshot.id);
-            }
-            if let Some(r) = sb.running.as_mut() {
-                let _ = r.vm.resume().await;
-            }
-            return Err(e.into());
-        }
-        stop_running(&self.node, sb).await;
-        // From here on the repository's copy is the disk.
-        paused::drop_link(&repo, &snapshot, &disk)
-    }
-
     /// Brings a paused sandbox back with its files and processes, with the
     /// default timeout.
     pub async fn resume(&self, id: &str) -> Result<SandboxInfo> {
@@ -390,44 +340,6 @@ impl SandboxManager {
             }
             SandboxState::Dead => Err(wrong_state(&sb, "running or paused")),
         }
-    }
-
-    /// Consumes the sandbox's paused snapshot: takes its disk back, resumes
-    /// from its state and deletes it once the row says running. On failure
-    /// the disk goes back and the sandbox stays paused.
-    async fn resume_locked(&self, sb: &mut Sandbox, timeout_secs: Option<u64>) -> Result<()> {
-        self.check_open()?;
-        let timeout = deadline(timeout_secs)?;
-        let id = sb.record.id.clone();
-        let template = Template::open(&self.node.config.layout(), &sb.record.template)?;
-        let repo = self.repo()?;
-        let snapshot = paused::for_resume(&repo, &id)?;
-        let state = repo.file_path(&snapshot, STATE)?;
-        let disk = sb.disk_path();
-        repo.take_file(&snapshot.id, DISK, &disk)?;
-        let params = resume_params(&sb.record);
-        let resumed =
-            match resume::from_saved(&self.node, &template, &id, &sb.dir, state, &params).await {
-                Ok(r) => r,
-                Err(e) => {
-                    give_back_disk(&repo, &snapshot.id, &disk, &id);
-                    return Err(e);
-                }
-            };
-        let before = sb.record.clone();
-        set_running(sb, running(resumed), timeout);
-        if let Err(e) = self.store.put(&sb.record) {
-            stop_running(&self.node, sb).await;
-            sb.record = before;
-            give_back_disk(&repo, &snapshot.id, &disk, &id);
-            return Err(e.into());
-        }
-        // Spent: the disk moves on from here. A failure leaves a snapshot
-        // without disk, which recovery deletes.
-        if let Err(e) = repo.delete(&snapshot.id) {
-            tracing::warn!(sandbox = %id, "deleting spent pause {}: {e}", snapshot.id);
-        }
-        Ok(())
     }
 
     /// Stops the sandbox and deletes everything it had.
@@ -507,22 +419,7 @@ impl SandboxManager {
         }
     }
 
-    /// Deletes sandbox `id`'s paused snapshot, if it has one.
-    fn delete_pause(&self, id: &str) {
-        let found = self.repo().and_then(|repo| {
-            Ok(match paused::Saved::inspect(&repo, id)? {
-                paused::Saved::Complete(s) | paused::Saved::DiskTaken(s) => {
-                    Some(repo.delete(&s.id)).transpose()?
-                }
-                paused::Saved::Missing => None,
-            })
-        });
-        if let Err(e) = found {
-            tracing::warn!(sandbox = %id, "deleting its paused snapshot: {e}; `siesta repo check` lists it");
-        }
-    }
-
-    fn check_open(&self) -> Result<()> {
+    pub(crate) fn check_open(&self) -> Result<()> {
         if self.closed.load(Ordering::SeqCst) {
             return Err(Error::Invalid("the server is shutting down".into()));
         }
@@ -561,7 +458,7 @@ pub(crate) fn new_record(
     }
 }
 
-fn set_running(sb: &mut Sandbox, r: Running, timeout: chrono::Duration) {
+pub(crate) fn set_running(sb: &mut Sandbox, r: Running, timeout: chrono::Duration) {
     let now = Utc::now();
     let rec = &mut sb.record;
     rec.state = SandboxState::Running;
@@ -574,7 +471,7 @@ fn set_running(sb: &mut Sandbox, r: Running, timeout: chrono::Duration) {
     sb.running = Some(r);
 }
 
-fn running(r: Resumed) -> Running {
+pub(crate) fn running(r: Resumed) -> Running {
     let agent_addr = Node::agent_addr(&r.slot);
     Running {
         vm: r.vm,
@@ -607,14 +504,7 @@ pub(crate) fn resume_params(record: &SandboxRecord) -> ResumeParams {
     }
 }
 
-/// Returns a resume's disk to the paused snapshot it was taken from.
-fn give_back_disk(repo: &Repository, snapshot: &str, disk: &std::path::Path, id: &str) {
-    if let Err(e) = repo.return_file(snapshot, DISK, disk) {
-        tracing::error!(sandbox = %id, "returning the disk to paused snapshot {snapshot}: {e}; it stays at {}", disk.display());
-    }
-}
-
-fn wrong_state(sb: &Sandbox, expected: &'static str) -> Error {
+pub(crate) fn wrong_state(sb: &Sandbox, expected: &'static str) -> Error {
     Error::WrongState {
         id: sb.record.id.clone(),
         state: sb.record.state.to_string(),

@@ -12,6 +12,9 @@
 //! snapshot deleted once the row says running. A failed resume gives the
 //! disk back, so nothing is lost. After a crash, [`Saved::inspect`] tells
 //! recovery which of these steps was interrupted.
+//!
+//! The manager's `pause`, `resume` and `connect` lock the sandbox and come
+//! here ([`SandboxManager::pause_locked`], [`SandboxManager::resume_locked`]).
 
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
@@ -22,7 +25,14 @@ use siesta_snapshot::repo::{new_id, Placement, PublishFile, PublishRequest};
 use siesta_snapshot::{RepoError, Repository, SnapshotKind, SnapshotRecord};
 
 use crate::error::{Error, IoContext, Result};
+use crate::lifecycle::deadline;
+use crate::manager::{
+    resume_params, running, set_running, stop_running, wrong_state, SandboxManager,
+};
+use crate::resume;
+use crate::sandbox::{Sandbox, SandboxState};
 use crate::template::Template;
+use siesta_vmm::MemorySave;
 
 /// What is kept with a paused snapshot (the record's `meta`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -134,5 +144,118 @@ pub(crate) fn for_resume(repo: &Repository, id: &str) -> Result<SnapshotRecord> 
             path: repo.root().join("aliases").join(alias(id)),
             detail: format!("paused sandbox {id} has no saved snapshot in the repository"),
         }),
+    }
+}
+
+impl SandboxManager {
+    /// Pauses locked, running sandbox `sb`: vCPUs stopped, state saved,
+    /// snapshot published, row committed, VM stopped, in that order. On an
+    /// error before the row is committed the VM runs on.
+    pub(crate) async fn pause_locked(&self, sb: &mut Sandbox) -> Result<()> {
+        let id = sb.record.id.clone();
+        let state_path = sb.state_path();
+        let disk = sb.disk_path();
+        let template = Template::open(&self.node.config.layout(), &sb.record.template)?;
+        let repo = self.repo()?;
+        let Some(running) = sb.running.as_mut() else {
+            return Err(wrong_state(sb, "running"));
+        };
+        let vmm_err = |source| Error::vmm(id.clone(), source);
+        running.vm.pause().await.map_err(vmm_err)?;
+        let saved = match running.vm.save(&state_path, MemorySave::InState).await {
+            Ok(_) => publish(&repo, &template, &id, &state_path, &disk),
+            Err(e) => Err(vmm_err(e)),
+        };
+        let snapshot = match saved {
+            Ok(s) => s,
+            Err(e) => {
+                // Nothing is lost: the VM is still there; let it go on.
+                let _ = std::fs::remove_file(&state_path);
+                let _ = running.vm.resume().await;
+                return Err(e);
+            }
+        };
+        // The snapshot is durable before the row says paused, so a crash in
+        // between is recovered as a pause (see recovery).
+        let before = sb.record.clone();
+        sb.record.state = SandboxState::Paused;
+        sb.record.agent_addr = None;
+        sb.record.vmm_pid = None;
+        if let Err(e) = self.store.put(&sb.record) {
+            // Not paused as far as anyone will know: back to running.
+            sb.record = before;
+            if let Err(e) = repo.delete(&snapshot.id) {
+                tracing::warn!(sandbox = %id, "dropping unused pause {}: {e}", snapshot.id);
+            }
+            if let Some(r) = sb.running.as_mut() {
+                let _ = r.vm.resume().await;
+            }
+            return Err(e.into());
+        }
+        stop_running(&self.node, sb).await;
+        // From here on the repository's copy is the disk.
+        drop_link(&repo, &snapshot, &disk)
+    }
+
+    /// Consumes the sandbox's paused snapshot: takes its disk back, resumes
+    /// from its state and deletes it once the row says running. On failure
+    /// the disk goes back and the sandbox stays paused.
+    pub(crate) async fn resume_locked(
+        &self,
+        sb: &mut Sandbox,
+        timeout_secs: Option<u64>,
+    ) -> Result<()> {
+        self.check_open()?;
+        let timeout = deadline(timeout_secs)?;
+        let id = sb.record.id.clone();
+        let template = Template::open(&self.node.config.layout(), &sb.record.template)?;
+        let repo = self.repo()?;
+        let snapshot = for_resume(&repo, &id)?;
+        let state = repo.file_path(&snapshot, STATE)?;
+        let disk = sb.disk_path();
+        repo.take_file(&snapshot.id, DISK, &disk)?;
+        let params = resume_params(&sb.record);
+        let resumed =
+            match resume::from_saved(&self.node, &template, &id, &sb.dir, state, &params).await {
+                Ok(r) => r,
+                Err(e) => {
+                    give_back_disk(&repo, &snapshot.id, &disk, &id);
+                    return Err(e);
+                }
+            };
+        let before = sb.record.clone();
+        set_running(sb, running(resumed), timeout);
+        if let Err(e) = self.store.put(&sb.record) {
+            stop_running(&self.node, sb).await;
+            sb.record = before;
+            give_back_disk(&repo, &snapshot.id, &disk, &id);
+            return Err(e.into());
+        }
+        // Spent: the disk moves on from here. A failure leaves a snapshot
+        // without disk, which recovery deletes.
+        if let Err(e) = repo.delete(&snapshot.id) {
+            tracing::warn!(sandbox = %id, "deleting spent pause {}: {e}", snapshot.id);
+        }
+        Ok(())
+    }
+
+    /// Deletes sandbox `id`'s paused snapshot, if it has one.
+    pub(crate) fn delete_pause(&self, id: &str) {
+        let found = self.repo().and_then(|repo| {
+            Ok(match Saved::inspect(&repo, id)? {
+                Saved::Complete(s) | Saved::DiskTaken(s) => Some(repo.delete(&s.id)).transpose()?,
+                Saved::Missing => None,
+            })
+        });
+        if let Err(e) = found {
+            tracing::warn!(sandbox = %id, "deleting its paused snapshot: {e}; `siesta repo check` lists it");
+        }
+    }
+}
+
+/// Returns a resume's disk to the paused snapshot it was taken from.
+fn give_back_disk(repo: &Repository, snapshot: &str, disk: &std::path::Path, id: &str) {
+    if let Err(e) = repo.return_file(snapshot, DISK, disk) {
+        tracing::error!(sandbox = %id, "returning the disk to paused snapshot {snapshot}: {e}; it stays at {}", disk.display());
     }
 }
