@@ -1,9 +1,9 @@
 //! Paused sandboxes as repository snapshots.
 //!
 //! A pause publishes a snapshot of kind `paused`, aliased `sandbox:<id>`,
-//! holding the sandbox's device state and RAM (`state.bin`, moved in), its
-//! disk overlay (`disk.qcow2`, hard-linked in, then unlinked from the
-//! sandbox directory) and, by reference, its template's shared memory blob.
+//! holding the sandbox's device state and RAM (`state.bin`) and its disk
+//! overlay (`disk.qcow2`), both hard-linked in and then unlinked from the
+//! sandbox directory, and, by reference, its template's shared memory blob.
 //! The overlay's backing file is the template's disk blob, so nothing of the
 //! template is copied.
 //!
@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 use siesta_snapshot::record::{DISK, MEMORY, STATE};
 use siesta_snapshot::repo::{new_id, Placement, PublishFile, PublishRequest};
 use siesta_snapshot::{RepoError, Repository, SnapshotKind, SnapshotRecord};
+use siesta_vmm::MemorySave;
 
 use crate::error::{Error, IoContext, Result};
 use crate::lifecycle::deadline;
@@ -32,7 +33,6 @@ use crate::manager::{
 use crate::resume;
 use crate::sandbox::{Sandbox, SandboxState};
 use crate::template::Template;
-use siesta_vmm::MemorySave;
 
 /// What is kept with a paused snapshot (the record's `meta`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -241,20 +241,20 @@ impl SandboxManager {
 
     /// Deletes sandbox `id`'s paused snapshot, if it has one.
     pub(crate) fn delete_pause(&self, id: &str) {
-        let found = self.repo().and_then(|repo| {
-            Ok(match Saved::inspect(&repo, id)? {
-                Saved::Complete(s) | Saved::DiskTaken(s) => Some(repo.delete(&s.id)).transpose()?,
-                Saved::Missing => None,
-            })
-        });
-        if let Err(e) = found {
+        let deleted = self
+            .repo()
+            .and_then(|repo| match Saved::inspect(&repo, id)? {
+                Saved::Complete(s) | Saved::DiskTaken(s) => Ok(repo.delete(&s.id)?),
+                Saved::Missing => Ok(()),
+            });
+        if let Err(e) = deleted {
             tracing::warn!(sandbox = %id, "deleting its paused snapshot: {e}; `siesta repo check` lists it");
         }
     }
 }
 
 /// Returns a resume's disk to the paused snapshot it was taken from.
-fn give_back_disk(repo: &Repository, snapshot: &str, disk: &std::path::Path, id: &str) {
+fn give_back_disk(repo: &Repository, snapshot: &str, disk: &Path, id: &str) {
     if let Err(e) = repo.return_file(snapshot, DISK, disk) {
         tracing::error!(sandbox = %id, "returning the disk to paused snapshot {snapshot}: {e}; it stays at {}", disk.display());
     }

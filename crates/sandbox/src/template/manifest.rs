@@ -1,8 +1,8 @@
 //! Recording a template's startup manifest: restore it once, sample the
 //! VMM's pagemap over the guest-memory mapping from the load until the agent
 //! is ready as a resume makes it (`/health` answered, then `/init` done,
-//! since both run before a sandbox is handed out), and attach the result to the template's snapshot
-//! record under its lock.
+//! since both run before a sandbox is handed out), and attach the result to
+//! the template's snapshot record under its lock.
 //!
 //! It runs after publication, so the template is usable before (without
 //! prefetch). If the template is deleted or rebuilt meanwhile, attachment
@@ -137,18 +137,19 @@ async fn sample_until_ready(
         .map_err(|source| Error::vmm(id.to_string(), source))?;
     let client = node.envd_client(id, slot, None);
     let timeout = node.config.resume_ready_timeout;
-    sample_while(&mut recorder, client.wait_healthy(timeout)).await??;
+    sample_while(&mut recorder, &pagemap_err, client.wait_healthy(timeout)).await??;
     let init = InitParams::new(None, Default::default());
-    sample_while(&mut recorder, client.init(&init)).await??;
+    sample_while(&mut recorder, &pagemap_err, client.init(&init)).await??;
     let ready_ms = started.elapsed().as_secs_f64() * 1e3;
     recorder.sample().map_err(pagemap_err)?;
     Ok((recorder, ready_ms))
 }
 
 /// Runs `work` to completion, sampling the pagemap every [`SAMPLE_EVERY`]
-/// meanwhile; a sampling error ends it early.
+/// meanwhile; a sampling error (mapped by `err`) ends it early.
 async fn sample_while<T>(
     recorder: &mut PagemapRecorder,
+    err: &(dyn Fn(siesta_snapshot::pagemap::PagemapError) -> Error + Sync),
     work: impl std::future::Future<Output = T>,
 ) -> Result<T> {
     tokio::pin!(work);
@@ -157,10 +158,7 @@ async fn sample_while<T>(
         tokio::select! {
             r = &mut work => return Ok(r),
             _ = tick.tick() => {
-                recorder.sample().map_err(|e| Error::Command {
-                    what: "recording the startup manifest".into(),
-                    detail: e.to_string(),
-                })?;
+                recorder.sample().map_err(err)?;
             }
         }
     }
