@@ -5,6 +5,7 @@
 
 mod bench;
 mod client;
+mod doctor;
 mod repo;
 mod serve;
 mod snapshot;
@@ -36,22 +37,30 @@ enum Command {
     /// Check (and repair) the snapshot repository.
     #[command(subcommand)]
     Repo(repo::RepoCommand),
+    /// Check what this node needs (host tools, network, accelerator,
+    /// assets, default template, disk, database).
+    Doctor(doctor::DoctorArgs),
     /// Measure resume latency and the guest agent.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
 }
 
 fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    // doctor's report is the output: its progress logs only get in the way.
+    let default_level = match cli.command {
+        Command::Doctor(_) => "warn",
+        _ => "info",
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("SIESTA_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
         )
         .with_writer(std::io::stderr)
         // Colour codes only on a terminal: logs redirected to files stay plain.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let cli = Cli::parse();
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
@@ -67,6 +76,7 @@ fn main() -> std::process::ExitCode {
             Command::Bench(cmd) => bench::run(cmd).await,
             Command::Snapshot(cmd) => snapshot::run(cmd).await,
             Command::Repo(cmd) => repo::run(cmd).await,
+            Command::Doctor(args) => doctor::run(args),
         }
     });
     match result {

@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use siesta_sandbox::{Node, NodeConfig, SandboxManager};
+use siesta_sandbox::{preflight, template, Node, NodeConfig, SandboxManager};
 
 #[derive(clap::Args)]
 pub struct ServeArgs {
@@ -18,8 +18,11 @@ pub struct ServeArgs {
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let config = NodeConfig::from_env().map_err(anyhow::Error::msg)?;
+    if !preflight_passes(&config, &args.warm_template) {
+        return Ok(ExitCode::FAILURE);
+    }
     let home = config.home.clone();
-    let api_key = siesta_server::load_or_create_api_key(&home)
+    let api_keys = siesta_server::load_or_create_api_keys(&home)
         .with_context(|| format!("API key under {}", home.display()))?;
     let node = Node::start(config).await?;
     // Loads the sandboxes a previous run left: paused ones stay resumable.
@@ -30,18 +33,19 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
             return Err(e).context("opening the node's sandboxes");
         }
     };
+    record_missing_manifest(&node, &args.warm_template);
     if let Err(e) = manager.warm(&args.warm_template) {
         tracing::warn!("not pre-spawning VMMs for {:?}: {e}", args.warm_template);
     }
     println!("siesta: listening on http://{}", args.listen);
     println!("  export E2B_API_URL=http://{}", args.listen);
     println!("  export E2B_SANDBOX_URL=http://{}", args.listen);
-    println!("  export E2B_API_KEY={api_key}");
+    println!("  export E2B_API_KEY={}", api_keys.current());
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let mut server = tokio::spawn(siesta_server::serve(
         args.listen,
         manager.clone(),
-        api_key,
+        api_keys,
         async {
             let _ = stop_rx.await;
         },
@@ -74,6 +78,37 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         .context("server task")?
         .with_context(|| format!("serving on {}", args.listen))?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Runs `siesta doctor`'s checks; prints what failed and returns false when
+/// the server could not do its job (rather than answer 500 on every create).
+fn preflight_passes(config: &NodeConfig, template: &str) -> bool {
+    let report = preflight::run(config, &crate::doctor::options(template));
+    for warning in report.warnings() {
+        tracing::warn!("{}", warning.line());
+    }
+    if report.ready() {
+        return true;
+    }
+    eprintln!("siesta: not starting: what the server needs is missing here:");
+    for failure in report.failures() {
+        eprintln!("  {}", failure.line());
+    }
+    eprintln!("(`siesta doctor` prints every check)");
+    false
+}
+
+/// A template published while its manifest could not be recorded (a tool
+/// was missing, say) gets it now, in the background.
+fn record_missing_manifest(node: &std::sync::Arc<Node>, name: &str) {
+    let Ok(t) = template::Template::open(&node.config.layout(), name) else {
+        return;
+    };
+    let recorded = t.snapshot.as_ref().is_none_or(|s| s.manifest.is_some());
+    if node.config.record_manifest && !recorded {
+        tracing::info!(template = name, "recording its missing startup manifest");
+        drop(template::spawn_manifest_recording(node.clone(), t));
+    }
 }
 
 /// How long open HTTP connections may take to finish after a stop signal.

@@ -35,13 +35,14 @@ pub async fn run(cmd: TemplateCommand) -> anyhow::Result<ExitCode> {
             force,
             if_missing,
         } => {
-            if if_missing && template::Template::open(&config.layout(), &name).is_ok() {
-                println!("template {name} exists");
-                return Ok(ExitCode::SUCCESS);
-            }
             // Its own network tag: a build never touches a server's slots.
             config.net_tag = "b".into();
             config.warm_slots = 0;
+            if if_missing {
+                if let Ok(t) = template::Template::open(&config.layout(), &name) {
+                    return complete_existing(config, t).await;
+                }
+            }
             let node = Node::start(config).await?;
             let opts = BuildOptions {
                 image: image.unwrap_or_else(|| name.clone()),
@@ -58,45 +59,87 @@ pub async fn run(cmd: TemplateCommand) -> anyhow::Result<ExitCode> {
             node.shutdown().await;
             let t = built?;
             match manifest {
-                Some(Ok(m)) => println!(
-                    "startup manifest: {:.1} MiB in {} ranges, {} samples until ready ({:.0} ms)",
-                    m.bytes as f64 / (1 << 20) as f64,
-                    m.ranges,
-                    m.samples,
-                    m.ready_ms
-                ),
-                Some(Err(e)) => eprintln!("warning: startup manifest not recorded: {e}"),
+                Some(Ok(m)) => print_manifest(&m),
+                Some(Err(e)) => {
+                    // Published but not prefetchable: say so and fail, so a
+                    // setup script does not go on as if all were well.
+                    eprintln!(
+                        "siesta: template {} is built, but its startup manifest could not be recorded: {e}\n\
+                         fix the cause (`siesta doctor`), then run `siesta template build {} --if-missing` to record it",
+                        t.record.name, t.record.name
+                    );
+                    return Ok(ExitCode::FAILURE);
+                }
                 None => {}
             }
-            println!(
-                "template {} built: cold boot {:.0} ms, memory {} MiB allocated, state {} KiB ({} {}, {})",
-                t.record.name,
-                t.record.cold_boot_ms,
-                t.record.memory.allocated >> 20,
-                t.record.state.size >> 10,
-                t.record.vmm.kind,
-                t.record.vmm.version,
-                t.record.vmm.accel,
-            );
+            print_built(&t);
         }
-        TemplateCommand::List => {
-            println!(
-                "{:<16} {:<8} {:>6} {:>8} {:>10}  CREATED",
-                "NAME", "IMAGE", "VCPUS", "MEM_MIB", "ACCEL"
-            );
-            for t in template::list(&config.layout())? {
-                let r = &t.record;
-                println!(
-                    "{:<16} {:<8} {:>6} {:>8} {:>10}  {}",
-                    r.name,
-                    r.image,
-                    r.vcpus,
-                    r.memory_mib,
-                    r.vmm.accel.as_str(),
-                    r.created_at
-                );
-            }
-        }
+        TemplateCommand::List => list(&config)?,
     }
     Ok(ExitCode::SUCCESS)
+}
+
+fn print_built(t: &template::Template) {
+    println!(
+        "template {} built: cold boot {:.0} ms, memory {} MiB allocated, state {} KiB ({} {}, {})",
+        t.record.name,
+        t.record.cold_boot_ms,
+        t.record.memory.allocated >> 20,
+        t.record.state.size >> 10,
+        t.record.vmm.kind,
+        t.record.vmm.version,
+        t.record.vmm.accel,
+    );
+}
+
+fn list(config: &NodeConfig) -> anyhow::Result<()> {
+    println!(
+        "{:<16} {:<8} {:>6} {:>8} {:>10}  CREATED",
+        "NAME", "IMAGE", "VCPUS", "MEM_MIB", "ACCEL"
+    );
+    for t in template::list(&config.layout())? {
+        let r = &t.record;
+        println!(
+            "{:<16} {:<8} {:>6} {:>8} {:>10}  {}",
+            r.name,
+            r.image,
+            r.vcpus,
+            r.memory_mib,
+            r.vmm.accel.as_str(),
+            r.created_at
+        );
+    }
+    Ok(())
+}
+
+/// `--if-missing` on a template that exists: records its startup manifest
+/// if an earlier build could not, else nothing to do.
+async fn complete_existing(config: NodeConfig, t: template::Template) -> anyhow::Result<ExitCode> {
+    let name = t.record.name.clone();
+    let needs_manifest = t.snapshot.as_ref().is_some_and(|s| s.manifest.is_none());
+    if !(needs_manifest && config.record_manifest) {
+        println!("template {name} exists");
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!("template {name} exists without its startup manifest: recording it");
+    let node = Node::start(config).await?;
+    let recorded = template::record_startup_manifest(&node, &t).await;
+    node.shutdown().await;
+    let m = recorded.map_err(|e| {
+        anyhow::anyhow!(
+            "recording the startup manifest of {name}: {e} (`siesta doctor` checks the node)"
+        )
+    })?;
+    print_manifest(&m);
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_manifest(m: &template::RecordedManifest) {
+    println!(
+        "startup manifest: {:.1} MiB in {} ranges, {} samples until ready ({:.0} ms)",
+        m.bytes as f64 / (1 << 20) as f64,
+        m.ranges,
+        m.samples,
+        m.ready_ms
+    );
 }

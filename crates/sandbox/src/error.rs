@@ -63,6 +63,15 @@ pub enum Error {
     #[error("{what} failed: {detail}")]
     Command { what: String, detail: String },
 
+    /// A host program the node needs is not there (removed after start, or
+    /// never installed): the server answers 503, not 500.
+    #[error("{command} is missing on this node (it {used_for}): install package {package} (scripts/install-deps.sh), then retry; `siesta doctor` checks the rest")]
+    MissingTool {
+        command: String,
+        package: String,
+        used_for: String,
+    },
+
     #[error(transparent)]
     Store(#[from] crate::store::StoreError),
 }
@@ -70,6 +79,37 @@ pub enum Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
+    /// A [`Error::MissingTool`] for `command`, one of
+    /// [`crate::preflight::HOST_TOOLS`].
+    pub(crate) fn missing_tool(command: &str) -> Self {
+        let tool = crate::preflight::HOST_TOOLS
+            .iter()
+            .find(|t| t.command == command);
+        Error::MissingTool {
+            command: command.to_string(),
+            package: tool.map_or("?", |t| t.package).to_string(),
+            used_for: tool.map_or("is needed", |t| t.used_for).to_string(),
+        }
+    }
+
+    /// True when the error is the node's, not the request's: a host program
+    /// or the VMM binary could not be started. The server answers 503.
+    pub fn is_missing_dependency(&self) -> bool {
+        let not_found = |e: &std::io::Error| e.kind() == std::io::ErrorKind::NotFound;
+        match self {
+            Error::MissingTool { .. } => true,
+            Error::Vmm { source, .. } => match source.as_ref() {
+                siesta_vmm::VmmError::Spawn { source, .. } => not_found(source),
+                _ => false,
+            },
+            Error::Net {
+                source: siesta_net::NetError::Spawn { source, .. },
+                ..
+            } => not_found(source),
+            _ => false,
+        }
+    }
+
     pub(crate) fn vmm(id: impl Into<String>, source: siesta_vmm::VmmError) -> Self {
         Error::Vmm {
             id: id.into(),

@@ -17,6 +17,7 @@ pub mod memory_prefetch;
 pub mod node;
 pub mod paused;
 pub mod pool;
+pub mod preflight;
 mod recovery;
 pub mod resume;
 pub mod rootfs;

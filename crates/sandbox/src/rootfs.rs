@@ -17,9 +17,12 @@ pub async fn create_overlay(base: &Path, overlay: &Path) -> Result<()> {
         .arg(overlay)
         .output()
         .await
-        .map_err(|e| Error::Command {
-            what: "qemu-img create".into(),
-            detail: format!("cannot run qemu-img (install qemu-utils): {e}"),
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => Error::missing_tool("qemu-img"),
+            _ => Error::Command {
+                what: "qemu-img create".into(),
+                detail: format!("cannot run qemu-img: {e}"),
+            },
         })?;
     if !out.status.success() {
         return Err(Error::Command {
@@ -39,9 +42,12 @@ pub async fn copy_sparse(from: &Path, to: &Path) -> Result<()> {
         .arg(to)
         .output()
         .await
-        .map_err(|e| Error::Command {
-            what: "cp".into(),
-            detail: format!("cannot run cp: {e}"),
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => Error::missing_tool("cp"),
+            _ => Error::Command {
+                what: "cp".into(),
+                detail: format!("cannot run cp: {e}"),
+            },
         })?;
     if !out.status.success() {
         return Err(Error::Command {

@@ -35,6 +35,9 @@ impl IntoResponse for ApiError {
 
 impl From<Error> for ApiError {
     fn from(e: Error) -> Self {
+        if e.is_missing_dependency() {
+            return Self::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string());
+        }
         let status = match &e {
             Error::TemplateNotFound { .. } | Error::SandboxNotFound { .. } => StatusCode::NOT_FOUND,
             Error::WrongState { .. } => StatusCode::CONFLICT,
@@ -49,5 +52,44 @@ impl From<Error> for ApiError {
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
         Self::new(status, e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_host_tool_is_503_naming_the_package() {
+        let e = Error::MissingTool {
+            command: "qemu-img".into(),
+            package: "qemu-utils".into(),
+            used_for: "creates each sandbox's copy-on-write disk".into(),
+        };
+        let api = ApiError::from(e);
+        assert_eq!(api.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(api.message.contains("qemu-img") && api.message.contains("qemu-utils"));
+    }
+
+    #[test]
+    fn a_vmm_binary_that_cannot_start_is_503() {
+        let e = Error::Vmm {
+            id: "sbx".into(),
+            source: Box::new(siesta_vmm::VmmError::Spawn {
+                id: "sbx".into(),
+                binary: "qemu-system-x86_64".into(),
+                netns: None,
+                source: std::io::Error::from(std::io::ErrorKind::NotFound),
+            }),
+        };
+        assert_eq!(ApiError::from(e).status, StatusCode::SERVICE_UNAVAILABLE);
+        let other = Error::Command {
+            what: "x".into(),
+            detail: "y".into(),
+        };
+        assert_eq!(
+            ApiError::from(other).status,
+            StatusCode::INTERNAL_SERVER_ERROR
+        );
     }
 }

@@ -1,0 +1,323 @@
+//! The individual checks of [`super::run`]. Each returns one [`Check`] and
+//! never panics on what it finds.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use siesta_vmm::qemu::QemuVmm;
+use siesta_vmm::{Accel, AccelChoice, Vmm, VmmInfo};
+
+use super::tools::{find_on_path, HostTool};
+use super::{Check, PreflightOptions};
+use crate::config::{AccelSetting, NodeConfig};
+use crate::template::Template;
+
+const INSTALL_HINT: &str = "run scripts/install-deps.sh (or apt-get install";
+
+fn missing_tool(tool: &HostTool, detail: impl Into<String>) -> Check {
+    Check::fail(
+        tool.command,
+        detail,
+        format!("it {}; {INSTALL_HINT} {})", tool.used_for, tool.package),
+    )
+}
+
+/// The first line `binary args` prints, or why it could not run.
+fn first_line(binary: &Path, args: &[&str]) -> Result<String, String> {
+    let out = Command::new(binary)
+        .args(args)
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", binary.display()))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{} {} exited with {}: {}",
+            binary.display(),
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_string())
+}
+
+/// QEMU: found, runs, offers q35. Also returns what a template made on
+/// this node records, to compare templates against.
+pub(super) fn qemu(config: &NodeConfig) -> (Check, Option<VmmInfo>) {
+    let tool = &super::HOST_TOOLS[0];
+    let Some(binary) = find_on_path(&config.qemu) else {
+        let detail = format!("{} not found on PATH", config.qemu.display());
+        return (missing_tool(tool, detail), None);
+    };
+    match QemuVmm::new(binary.clone(), accel_choice(config.accel)) {
+        Ok(vmm) => {
+            let info = vmm.info().clone();
+            let detail = format!(
+                "{} ({}, machine {})",
+                info.version,
+                binary.display(),
+                info.machine
+            );
+            (Check::ok("qemu", detail), Some(info))
+        }
+        Err(e) => (missing_tool(tool, e.to_string()), None),
+    }
+}
+
+/// Any other host tool: on PATH and answering `--version`.
+pub(super) fn tool(tool: &HostTool) -> Check {
+    let Some(path) = find_on_path(Path::new(tool.command)) else {
+        return missing_tool(tool, "not found on PATH");
+    };
+    let version_args: &[&str] = match tool.command {
+        "ip" => &["-V"],
+        _ => &["--version"],
+    };
+    match first_line(&path, version_args) {
+        Ok(version) => Check::ok(tool.command, format!("{version} ({})", path.display())),
+        Err(e) => missing_tool(tool, e),
+    }
+}
+
+/// Network namespaces: creates one by a name of its own and removes it.
+pub(super) fn netns() -> Check {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return Check::fail(
+            "netns",
+            "not running as root: network namespaces, veth and tap devices need it",
+            "run siesta as root",
+        );
+    }
+    let Some(ip) = find_on_path(Path::new("ip")) else {
+        return Check::fail("netns", "cannot try: ip is missing", "install iproute2");
+    };
+    let name = format!("siesta-doctor-{}", std::process::id());
+    if let Err(e) = first_line(&ip, &["netns", "add", &name]) {
+        return Check::fail(
+            "netns",
+            e,
+            "the kernel must allow network namespaces (CONFIG_NET_NS) and /run/netns must be writable",
+        );
+    }
+    match first_line(&ip, &["netns", "delete", &name]) {
+        Ok(_) => Check::ok("netns", "created and removed a network namespace"),
+        Err(e) => Check::warn(
+            "netns",
+            e,
+            format!("remove it with `ip netns delete {name}`"),
+        ),
+    }
+}
+
+fn accel_choice(setting: AccelSetting) -> AccelChoice {
+    match setting {
+        AccelSetting::Auto => AccelChoice::Auto,
+        AccelSetting::Kvm => AccelChoice::Kvm,
+        AccelSetting::Tcg => AccelChoice::Tcg,
+    }
+}
+
+/// Which accelerator guests will run under, and why.
+pub(super) fn accelerator(config: &NodeConfig) -> Check {
+    let kvm_dev = Path::new("/dev/kvm").exists();
+    let pvm = Path::new("/sys/module/kvm_pvm").exists();
+    match (config.accel, Accel::choose(accel_choice(config.accel))) {
+        (AccelSetting::Kvm, _) if !kvm_dev => Check::fail(
+            "accelerator",
+            "SIESTA_ACCEL=kvm but there is no /dev/kvm",
+            "unset SIESTA_ACCEL (auto picks TCG here) or load kvm_intel/kvm_amd",
+        ),
+        (_, Accel::Kvm) => Check::ok("accelerator", "kvm"),
+        (AccelSetting::Tcg, Accel::Tcg) => Check::ok("accelerator", "tcg (SIESTA_ACCEL=tcg)"),
+        (_, Accel::Tcg) => {
+            let why = match (kvm_dev, pvm) {
+                (false, _) => "no /dev/kvm",
+                (true, true) => "/dev/kvm is PVM, which runs no stock guest kernel",
+                (true, false) => "no kvm_intel or kvm_amd module",
+            };
+            Check::ok("accelerator", format!("tcg, software emulation ({why})"))
+        }
+    }
+}
+
+/// Kernel and initramfs that template builds boot.
+pub(super) fn assets(config: &NodeConfig) -> Check {
+    let layout = config.layout();
+    let missing: Vec<PathBuf> = [layout.kernel(), layout.initrd()]
+        .into_iter()
+        .filter(|p| !p.is_file())
+        .collect();
+    if missing.is_empty() {
+        return Check::ok(
+            "guest assets",
+            layout.home().join("assets").display().to_string(),
+        );
+    }
+    let names: Vec<String> = missing.iter().map(|p| p.display().to_string()).collect();
+    Check::warn(
+        "guest assets",
+        format!("missing {}: no template can be built", names.join(", ")),
+        "run `make assets` (guest/build-assets.sh)",
+    )
+}
+
+/// The default template: present, made by this VMM, with its manifest.
+pub(super) fn template(config: &NodeConfig, name: &str, vmm: Option<&VmmInfo>) -> Check {
+    let label = "template";
+    let rebuild = format!("run `siesta template build {name} --force`");
+    let t = match Template::open(&config.layout(), name) {
+        Ok(t) => t,
+        Err(crate::Error::TemplateNotFound { .. }) => {
+            return Check::warn(
+                label,
+                format!("{name:?} does not exist: creates without a template name fail"),
+                format!("run `siesta template build {name}` (make up does)"),
+            )
+        }
+        Err(e) => return Check::warn(label, format!("{name:?}: {e}"), rebuild),
+    };
+    if let Some(info) = vmm {
+        if let Err(e) = t.check_compatible(info) {
+            return Check::warn(label, e.to_string(), rebuild);
+        }
+    }
+    if let Err(e) = t.verify_sizes() {
+        return Check::warn(label, e.to_string(), rebuild);
+    }
+    let has_manifest = t.snapshot.as_ref().is_some_and(|s| s.manifest.is_some());
+    if !has_manifest {
+        return Check::warn(
+            label,
+            format!("{name:?} has no startup manifest: its resumes are not prefetched"),
+            format!("run `siesta template build {name} --if-missing`, which records it"),
+        );
+    }
+    Check::ok(label, format!("{name:?} with startup manifest"))
+}
+
+/// Free space where snapshots and disks are written.
+pub(super) fn disk(config: &NodeConfig, opts: &PreflightOptions) -> Check {
+    let at = existing_ancestor(&config.home);
+    let free = match free_bytes(&at) {
+        Ok(b) => b,
+        Err(e) => {
+            return Check::fail(
+                "disk",
+                format!("statvfs {}: {e}", at.display()),
+                "check the path",
+            )
+        }
+    };
+    let detail = format!(
+        "{:.1} GiB free at {}",
+        free as f64 / (1u64 << 30) as f64,
+        at.display()
+    );
+    let fix = "free space there or point SIESTA_HOME at a larger filesystem";
+    if free < opts.min_free_bytes {
+        Check::fail("disk", detail, fix)
+    } else if free < opts.low_free_bytes {
+        Check::warn("disk", detail, fix)
+    } else {
+        Check::ok("disk", detail)
+    }
+}
+
+fn existing_ancestor(path: &Path) -> PathBuf {
+    let mut at = path.to_path_buf();
+    while !at.exists() {
+        match at.parent() {
+            Some(p) => at = p.to_path_buf(),
+            None => return PathBuf::from("/"),
+        }
+    }
+    at
+}
+
+fn free_bytes(path: &Path) -> std::io::Result<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    // SAFETY: `c` is a valid NUL-terminated path and `st` is written by statvfs.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(st.f_bavail as u64 * st.f_frsize as u64)
+}
+
+/// The node's SQLite database: readable and intact, or creatable.
+pub(super) fn database(config: &NodeConfig) -> Check {
+    let path = config.home.join(crate::store::DB_FILE);
+    if !path.exists() {
+        return Check::ok(
+            "database",
+            format!("{} (created on first start)", path.display()),
+        );
+    }
+    let flags = rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY;
+    let result = rusqlite::Connection::open_with_flags(&path, flags)
+        .and_then(|conn| conn.query_row("PRAGMA quick_check", [], |r| r.get::<_, String>(0)));
+    match result {
+        Ok(s) if s == "ok" => Check::ok("database", path.display().to_string()),
+        Ok(problem) => Check::fail(
+            "database",
+            format!("{}: integrity check says {problem}", path.display()),
+            "restore it from a backup or move it aside (sandboxes in it are lost)",
+        ),
+        Err(e) => Check::fail(
+            "database",
+            format!("{}: {e}", path.display()),
+            "check its permissions and that it is an SQLite database",
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_home_is_measured_at_its_nearest_existing_parent() {
+        let dir = tempfile::tempdir().unwrap();
+        let home = dir.path().join("a/b/c");
+        assert_eq!(existing_ancestor(&home), dir.path());
+        let mut config = NodeConfig::new(&home);
+        config.home = home;
+        let check = disk(&config, &PreflightOptions::default());
+        assert!(check.detail.contains("GiB free"), "{check:?}");
+    }
+
+    #[test]
+    fn a_corrupt_database_fails_with_its_path() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(crate::store::DB_FILE), vec![0x5a; 8192]).unwrap();
+        let check = database(&NodeConfig::new(dir.path()));
+        assert_eq!(check.status, super::super::Status::Fail, "{check:?}");
+        assert!(check.detail.contains("siesta.db"), "{check:?}");
+    }
+
+    #[test]
+    fn a_missing_template_warns_with_the_build_command() {
+        let dir = tempfile::tempdir().unwrap();
+        let check = template(&NodeConfig::new(dir.path()), "base", None);
+        assert_eq!(check.status, super::super::Status::Warn);
+        assert!(check.fix.unwrap().contains("siesta template build base"));
+    }
+
+    #[test]
+    fn a_missing_qemu_names_its_package() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = NodeConfig::new(dir.path());
+        config.qemu = dir.path().join("no-qemu");
+        let (check, info) = qemu(&config);
+        assert!(info.is_none());
+        assert_eq!(check.status, super::super::Status::Fail);
+        assert!(check.line().contains("qemu-system-x86"), "{}", check.line());
+    }
+}
