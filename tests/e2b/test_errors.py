@@ -41,3 +41,14 @@ def test_bad_api_key(siesta):
     with pytest.raises(AuthenticationException):
         Sandbox.list(api_key="siesta_wrong").next_items()
     assert os.environ["E2B_API_KEY"] != "siesta_wrong"
+
+
+def test_minted_key_has_the_shape_every_sdk_accepts(siesta):
+    """SDK 2.45 refuses keys that are not `e2b_` + hex; ours must pass it."""
+    import re
+
+    key = siesta.api_key()
+    assert re.fullmatch(r"e2b_[0-9a-f]{40}", key), key
+    wrong = "e2b_" + "0" * 40
+    with pytest.raises(AuthenticationException):
+        Sandbox.list(api_key=wrong).next_items()

@@ -1,38 +1,144 @@
-//! The node's API key: generated on first start, kept 0600 in
-//! `$SIESTA_HOME/secrets/api-key`.
+//! The node's API keys: generated on first start, kept 0600 in
+//! `$SIESTA_HOME/secrets/`.
+//!
+//! A key is `e2b_` and 40 lowercase hex digits, the shape every E2B SDK
+//! accepts (SDK 2.45 refuses anything else with "Invalid API key format";
+//! later ones check nothing). Nodes set up before minted `siesta_…` keys:
+//! on start such a key moves to `api-key.previous`, which is still
+//! accepted, and `api-key` gets a new key of the E2B shape.
 
 use std::io::Write;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-/// Reads the API key under `home`, creating it (random, `siesta_` + 40 hex
-/// digits) if there is none yet.
-pub fn load_or_create_api_key(home: &Path) -> std::io::Result<String> {
-    let dir = home.join("secrets");
-    let path = dir.join("api-key");
-    match std::fs::read_to_string(&path) {
-        Ok(key) if !key.trim().is_empty() => return Ok(key.trim().to_string()),
-        Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(with_path(e, &path)),
+const KEY_FILE: &str = "api-key";
+const PREVIOUS_FILE: &str = "api-key.previous";
+
+/// The key to hand out, and every key the API accepts.
+#[derive(Debug, Clone)]
+pub struct ApiKeys {
+    current: String,
+    accepted: Arc<Vec<String>>,
+}
+
+impl ApiKeys {
+    /// One key, accepted alone (tests, embedders).
+    pub fn single(key: impl Into<String>) -> Self {
+        let key = key.into();
+        Self {
+            accepted: Arc::new(vec![key.clone()]),
+            current: key,
+        }
     }
-    std::fs::create_dir_all(&dir).map_err(|e| with_path(e, &dir))?;
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
-        .map_err(|e| with_path(e, &dir))?;
+
+    /// The key `make up` prints and clients should use.
+    pub fn current(&self) -> &str {
+        &self.current
+    }
+
+    /// Whether `given` is one of the node's keys (in constant time for
+    /// each key, so a guess learns nothing from timing).
+    pub fn accepts(&self, given: &str) -> bool {
+        self.accepted.iter().fold(false, |hit, key| {
+            constant_time_eq(given.as_bytes(), key.as_bytes()) | hit
+        })
+    }
+}
+
+/// True for a key of the shape the E2B SDKs accept: `e2b_` and hex digits.
+pub fn is_e2b_shaped(key: &str) -> bool {
+    key.strip_prefix("e2b_").is_some_and(|hex| {
+        !hex.is_empty()
+            && hex
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    })
+}
+
+/// Reads the node's keys under `home`, minting one when there is none and
+/// replacing a key of the old `siesta_` shape (which stays accepted).
+pub fn load_or_create_api_keys(home: &Path) -> std::io::Result<ApiKeys> {
+    let dir = home.join("secrets");
+    let path = dir.join(KEY_FILE);
+    let previous_path = dir.join(PREVIOUS_FILE);
+    let mut previous = read_keys(&previous_path)?;
+    let current = match read_keys(&path)?.into_iter().next() {
+        Some(key) if is_e2b_shaped(&key) => key,
+        old => {
+            ensure_dir(&dir)?;
+            if let Some(old) = old {
+                // Keep the old key first, then replace it: a crash between
+                // the two leaves both on disk, never neither.
+                if !previous.contains(&old) {
+                    previous.push(old);
+                    write_secret(&previous_path, &previous.join("\n"))?;
+                }
+            }
+            let key = mint();
+            write_secret(&path, &key)?;
+            key
+        }
+    };
+    let mut accepted = vec![current.clone()];
+    accepted.extend(previous.into_iter().filter(|k| *k != current));
+    Ok(ApiKeys {
+        current,
+        accepted: Arc::new(accepted),
+    })
+}
+
+fn mint() -> String {
     let mut bytes = [0u8; 20];
     rand::Rng::fill(&mut rand::thread_rng(), &mut bytes[..]);
-    let key = format!("siesta_{}", hex::encode(bytes));
+    format!("e2b_{}", hex::encode(bytes))
+}
+
+/// Non-empty lines of `path`; none when it does not exist.
+fn read_keys(path: &Path) -> std::io::Result<Vec<String>> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => Ok(text
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .map(String::from)
+            .collect()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(with_path(e, path)),
+    }
+}
+
+fn ensure_dir(dir: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir).map_err(|e| with_path(e, dir))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+        .map_err(|e| with_path(e, dir))
+}
+
+/// Writes `text` to `path` (mode 0600) through a temporary file and a
+/// rename, so a reader sees the old content or the new, never a torn one.
+fn write_secret(path: &Path, text: &str) -> std::io::Result<()> {
+    let tmp = PathBuf::from(format!("{}.tmp", path.display()));
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(true)
         .mode(0o600)
-        .open(&path)
-        .map_err(|e| with_path(e, &path))?;
-    f.write_all(key.as_bytes())
-        .map_err(|e| with_path(e, &path))?;
-    f.sync_all().map_err(|e| with_path(e, &path))?;
-    Ok(key)
+        .open(&tmp)
+        .map_err(|e| with_path(e, &tmp))?;
+    f.write_all(text.as_bytes())
+        .map_err(|e| with_path(e, &tmp))?;
+    f.sync_all().map_err(|e| with_path(e, &tmp))?;
+    std::fs::rename(&tmp, path).map_err(|e| with_path(e, path))?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| with_path(e, dir))?;
+    }
+    Ok(())
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 fn with_path(e: std::io::Error, path: &Path) -> std::io::Error {
@@ -44,15 +150,46 @@ mod tests {
     use super::*;
 
     #[test]
-    fn key_is_created_once_with_mode_0600() {
+    fn key_is_created_once_with_mode_0600_in_the_e2b_shape() {
         let home = tempfile::tempdir().unwrap();
-        let k1 = load_or_create_api_key(home.path()).unwrap();
-        let k2 = load_or_create_api_key(home.path()).unwrap();
+        let k1 = load_or_create_api_keys(home.path()).unwrap().current;
+        let k2 = load_or_create_api_keys(home.path()).unwrap().current;
         assert_eq!(k1, k2);
+        assert!(is_e2b_shaped(&k1), "{k1}");
+        assert_eq!(k1.len(), 4 + 40);
         let mode = std::fs::metadata(home.path().join("secrets/api-key"))
             .unwrap()
             .permissions()
             .mode();
         assert_eq!(mode & 0o777, 0o600);
+    }
+
+    #[test]
+    fn an_old_siesta_key_is_replaced_and_still_accepted() {
+        let home = tempfile::tempdir().unwrap();
+        let secrets = home.path().join("secrets");
+        std::fs::create_dir_all(&secrets).unwrap();
+        let old = format!("siesta_{}", "ab".repeat(20));
+        std::fs::write(secrets.join("api-key"), format!("{old}\n")).unwrap();
+        let keys = load_or_create_api_keys(home.path()).unwrap();
+        assert!(is_e2b_shaped(keys.current()));
+        assert!(keys.accepts(keys.current()));
+        assert!(keys.accepts(&old));
+        assert!(!keys.accepts("e2b_00"));
+        assert!(!keys.accepts(""));
+        // Stable from then on: the same new key, the old one still good.
+        let again = load_or_create_api_keys(home.path()).unwrap();
+        assert_eq!(again.current(), keys.current());
+        assert!(again.accepts(&old));
+    }
+
+    #[test]
+    fn the_e2b_shape_is_the_sdks() {
+        assert!(is_e2b_shaped(&format!("e2b_{}", "0".repeat(40))));
+        assert!(is_e2b_shaped("e2b_0a"));
+        assert!(!is_e2b_shaped("e2b_"));
+        assert!(!is_e2b_shaped("e2b_ZZ"));
+        assert!(!is_e2b_shaped("e2b_AB"));
+        assert!(!is_e2b_shaped("siesta_00"));
     }
 }

@@ -11,7 +11,7 @@ mod metrics;
 pub mod proxy;
 mod routes;
 
-pub use api_key::load_or_create_api_key;
+pub use api_key::{is_e2b_shaped, load_or_create_api_keys, ApiKeys};
 pub use metrics::Metrics;
 pub use routes::{router, AppState};
 
@@ -24,7 +24,7 @@ use siesta_sandbox::SandboxManager;
 pub async fn serve(
     listen: SocketAddr,
     manager: Arc<SandboxManager>,
-    api_key: String,
+    api_keys: ApiKeys,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::bind(listen).await?;
@@ -32,7 +32,7 @@ pub async fn serve(
     let targets = Arc::new(proxy::ManagerTargets(manager.clone()));
     let state = AppState {
         manager,
-        api_key,
+        api_keys,
         metrics: Arc::new(Metrics::default()),
     };
     let app = proxy::front(router(state), targets);

@@ -33,7 +33,7 @@ use crate::metrics::Metrics;
 #[derive(Clone)]
 pub struct AppState {
     pub manager: Arc<SandboxManager>,
-    pub api_key: String,
+    pub api_keys: crate::ApiKeys,
     pub metrics: Arc<Metrics>,
 }
 
@@ -87,7 +87,7 @@ async fn require_api_key(State(st): State<AppState>, req: Request, next: Next) -
         .get("x-api-key")
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
-    if !constant_time_eq(given.as_bytes(), st.api_key.as_bytes()) {
+    if !st.api_keys.accepts(given) {
         let msg = if given.is_empty() {
             "missing X-API-KEY header (the node's key is in $SIESTA_HOME/secrets/api-key)"
         } else {
@@ -96,10 +96,6 @@ async fn require_api_key(State(st): State<AppState>, req: Request, next: Next) -
         return ApiError::new(StatusCode::UNAUTHORIZED, msg).into_response();
     }
     next.run(req).await
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// A JSON body whose every parse failure is a 400 JSON error naming what
