@@ -2,8 +2,10 @@
 # build-rootfs.sh base|tiny OUT.img AGENT_BIN
 #
 # base: Debian 12 (bookworm) minbase from debootstrap, with bash, coreutils,
-#       procps, sudo, ca-certificates and iproute2; user `user` (uid 1000,
-#       /home/user, /bin/bash, passwordless sudo). ext4, 1G by default.
+#       procps, sudo, ca-certificates and iproute2, then (apt-get in the tree)
+#       python3 with pip and venv, curl, git, nodejs with npm, less, xz and
+#       ssh; user `user` (uid 1000, /home/user, /bin/bash, passwordless
+#       sudo). ext4, 2G by default (sparse).
 #       The debootstrapped tree is cached as a tarball in $SIESTA_HOME/cache/,
 #       so a rebuild only unpacks it, re-injects the agent and runs mkfs.
 # tiny: busybox-static with applet links, /bin/sh and a /bin/bash wrapper
@@ -13,7 +15,7 @@
 #
 # Environment:
 #   SIESTA_HOME          default /var/lib/siesta (cache in $SIESTA_HOME/cache)
-#   SIESTA_ROOTFS_SIZE   image size for mkfs.ext4 (default 1G base, 64M tiny)
+#   SIESTA_ROOTFS_SIZE   image size for mkfs.ext4 (default 2G base, 64M tiny)
 #   SIESTA_DEBIAN_MIRROR Debian mirror (default: the one apt uses, else
 #                        http://deb.debian.org/debian)
 #   SIESTA_HOSTNAME      guest host name (default siesta)
@@ -33,6 +35,9 @@ SIESTA_HOME=${SIESTA_HOME:-/var/lib/siesta}
 HOSTNAME_=${SIESTA_HOSTNAME:-siesta}
 SUITE=bookworm
 INCLUDE=bash,coreutils,procps,sudo,ca-certificates,iproute2
+# What agents' code expects of a default sandbox, installed with apt inside
+# the debootstrapped tree (debootstrap's own resolver cannot install npm).
+TOOLS="python3 python3-pip python3-venv curl git nodejs npm less xz-utils openssh-client"
 
 if command -v file >/dev/null 2>&1 && file -L "$agent" | grep -q 'dynamically linked'; then
     [ "$kind" = tiny ] && die "$agent is dynamically linked; the tiny image has no libc (build it static)"
@@ -79,11 +84,26 @@ debian_mirror() {
     echo "${m:-http://deb.debian.org/debian}"
 }
 
+# install_tools DIR: apt-get install $TOOLS in the debootstrapped tree DIR,
+# with the host's resolver for the download only.
+install_tools() {
+    local ds=$1
+    cp -L /etc/resolv.conf "$ds/etc/resolv.conf"
+    log "rootfs base: installing $TOOLS"
+    if ! { chroot "$ds" apt-get update -qq &&
+           DEBIAN_FRONTEND=noninteractive chroot "$ds" apt-get install -y -qq \
+               --no-install-recommends $TOOLS; } > "$tmp/tools.log" 2>&1; then
+        tail -n 30 "$tmp/tools.log" >&2
+        die "installing $TOOLS in the guest tree failed"
+    fi
+    chroot "$ds" apt-get clean
+}
+
 build_base() {
     apt_install debootstrap debian-archive-keyring
     need_cmd tar tar
     local key cache mirror
-    key=$(printf '%s %s minbase' "$SUITE" "$INCLUDE" | sha256sum | cut -c1-12)
+    key=$(printf '%s %s minbase %s' "$SUITE" "$INCLUDE" "$TOOLS" | sha256sum | cut -c1-12)
     cache=$SIESTA_HOME/cache/debootstrap-$SUITE-minbase-$key.tar
     if [ ! -s "$cache" ]; then
         mirror=$(debian_mirror)
@@ -96,6 +116,7 @@ build_base() {
             [ -f "$ds/debootstrap/debootstrap.log" ] && tail -n 30 "$ds/debootstrap/debootstrap.log" >&2
             die "debootstrap failed (mirror $mirror)"
         fi
+        install_tools "$ds"
         # Leave nothing host-specific or bulky in the cached tree.
         rm -rf "$ds"/var/cache/apt/archives/*.deb "$ds"/var/lib/apt/lists/* \
                "$ds"/var/cache/apt/*.bin "$ds"/var/log/* "$ds"/debootstrap
@@ -121,7 +142,7 @@ build_base() {
     rm -f "$r/etc/resolv.conf"; : > "$r/etc/resolv.conf"
     # No fstab entries: the initramfs mounts the root and moves /proc etc.
     printf '# root is mounted by the siesta initramfs\n' > "$r/etc/fstab"
-    size=${SIESTA_ROOTFS_SIZE:-1G}
+    size=${SIESTA_ROOTFS_SIZE:-2G}
 }
 
 build_tiny() {
