@@ -12,7 +12,7 @@ AGENT_TARGET := x86_64-unknown-linux-gnu
 AGENT_BIN := target/$(AGENT_TARGET)/release/siesta-agent
 SIESTA := target/release/siesta
 
-.PHONY: up test deps build agent assets template lint unit-test vm-test e2b-test clean-assets
+.PHONY: up test deps build agent assets template lint unit-test vm-test e2b-venv e2b-test conformance-test doctor clean-assets
 
 up: deps build assets template
 	$(SIESTA) serve --listen $(LISTEN)
@@ -48,10 +48,22 @@ unit-test:
 # own temporary SIESTA_HOME, network tag and subnet; the base template is
 # built there once. pytest's exit code 5 (no tests collected) fails too.
 E2B_VENV ?= .venv
-e2b-test: build assets
+e2b-venv:
 	test -x $(E2B_VENV)/bin/python || python3 -m venv $(E2B_VENV)
 	$(E2B_VENV)/bin/pip install --quiet --disable-pip-version-check -r tests/e2b/requirements.txt
+
+e2b-test: build assets e2b-venv
 	SIESTA_BIN=$(abspath $(SIESTA)) $(E2B_VENV)/bin/python -m pytest tests/e2b -ra
+
+# E2B's own SDK test suite (../shared/conformance, SDK 2.45.1) against a
+# real server; failures not listed in tests/conformance/expected-failures.txt
+# fail (docs/compatibility.md).
+conformance-test: build assets e2b-venv
+	SIESTA_BIN=$(abspath $(SIESTA)) $(E2B_VENV)/bin/python tests/conformance/run.py
+
+# What this node needs, one line per check (siesta serve runs the same).
+doctor: build
+	$(SIESTA) doctor
 
 clean-assets:
 	rm -rf $(SIESTA_HOME)/assets

@@ -1,0 +1,164 @@
+#!/usr/bin/env python3
+"""E2B's own Python SDK test suite against a real `siesta serve`.
+
+The suite (e2b-dev/E2B's SDK integration tests, SDK 2.45.1) lives in
+../shared/conformance beside the repository, with its runner
+`run-e2b-python-sdk`. This script:
+
+1. makes a temporary SIESTA_HOME (assets linked from the real home), builds
+   the `base` template there, and starts `siesta serve` with its own port,
+   network tag and subnet (tests/e2b/server.py);
+2. runs the suite with the key the server minted, exactly as a user would:
+   no E2B_VALIDATE_API_KEY or other override;
+3. compares the failures with tests/conformance/expected-failures.txt: a
+   failure not listed there fails this script; a listed test that passed
+   is reported so the list can shrink;
+4. stops the server by pid and removes its home and namespaces, also when
+   the suite fails or the script is interrupted.
+
+Usage: run.py [pytest args...]   (default: the runner's own selection)
+Environment: SIESTA_BIN, SIESTA_HOME (the real home with assets),
+SIESTA_CONFORMANCE_DIR (default ../shared/conformance),
+SIESTA_CONFORMANCE_TIMEOUT (seconds for the whole suite, default 2400).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "e2b"))
+
+from server import SiestaServer, netns_of, pids_using  # noqa: E402
+
+REAL_HOME = Path(os.environ.get("SIESTA_HOME", "/var/lib/siesta"))
+BINARY = Path(os.environ.get("SIESTA_BIN", ROOT / "target/release/siesta"))
+SUITE = Path(os.environ.get("SIESTA_CONFORMANCE_DIR", ROOT.parent / "shared" / "conformance"))
+TIMEOUT = int(os.environ.get("SIESTA_CONFORMANCE_TIMEOUT", "2400"))
+EXPECTED = HERE / "expected-failures.txt"
+
+
+def expected_failures() -> dict[str, str]:
+    """Test id -> why it fails here (see the file's header)."""
+    out = {}
+    for line in EXPECTED.read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        test, _, why = line.partition(" ")
+        out[test] = why.strip()
+    return out
+
+
+def outcomes(junit: Path) -> dict[str, str]:
+    """Test id (path::name as pytest prints it) -> passed|failed|skipped."""
+    result = {}
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        path = case.get("classname", "").replace(".", "/")
+        test = f"tests/{path.split('tests/', 1)[-1]}.py::{case.get('name')}"
+        if case.find("failure") is not None or case.find("error") is not None:
+            result[test] = "failed"
+        elif case.find("skipped") is not None:
+            result[test] = "skipped"
+        else:
+            result[test] = "passed"
+    return result
+
+
+def prepare_home() -> Path:
+    assets = REAL_HOME / "assets"
+    if not (assets / "vmlinuz").exists():
+        sys.exit(f"no guest assets in {assets}: run `make assets`")
+    if not BINARY.exists():
+        sys.exit(f"{BINARY} missing: run `make build`")
+    home = Path(tempfile.mkdtemp(prefix="siesta-conformance-", dir="/var/tmp"))
+    (home / "assets").symlink_to(assets)
+    return home
+
+
+def build_template(home: Path, log: Path) -> None:
+    env = dict(os.environ, SIESTA_HOME=str(home))
+    with open(log, "ab") as out:
+        done = subprocess.run(
+            [str(BINARY), "template", "build", "base", "--if-missing"],
+            env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            timeout=900, check=False,
+        )
+    if done.returncode != 0:
+        sys.exit(f"building the base template failed; see {log}")
+
+
+def run_suite(server: SiestaServer, junit: Path, args: list[str]) -> int:
+    runner = SUITE / "run-e2b-python-sdk"
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+    for var in ("E2B_VALIDATE_API_KEY", "E2B_DEBUG", "E2B_DOMAIN", "E2B_ACCESS_TOKEN"):
+        env.pop(var, None)
+    cmd = ["bash", str(runner), server.url, server.api_key(), *args, f"--junitxml={junit}"]
+    try:
+        return subprocess.run(cmd, env=env, stdin=subprocess.DEVNULL, timeout=TIMEOUT).returncode
+    except subprocess.TimeoutExpired:
+        print(f"conformance: the suite ran past {TIMEOUT} s and was stopped", flush=True)
+        return 124
+
+
+def judge(junit: Path) -> int:
+    if not junit.exists():
+        print("conformance: the suite wrote no results (it did not run)")
+        return 1
+    seen = outcomes(junit)
+    expected = expected_failures()
+    failed = sorted(t for t, o in seen.items() if o == "failed")
+    unexpected = [t for t in failed if t not in expected]
+    now_passing = sorted(t for t in expected if seen.get(t) == "passed")
+    counts = {o: sum(1 for v in seen.values() if v == o) for o in ("passed", "failed", "skipped")}
+    print(f"\nconformance: {len(seen)} tests: {counts['passed']} passed, {counts['failed']} failed "
+          f"({len(failed) - len(unexpected)} of them listed in {EXPECTED.name}), {counts['skipped']} skipped")
+    for t in now_passing:
+        print(f"conformance: listed as failing but passed now (remove it from the list): {t}")
+    for t in unexpected:
+        print(f"conformance: UNEXPECTED FAILURE {t}")
+    return 1 if unexpected else 0
+
+
+def main() -> int:
+    runner = SUITE / "run-e2b-python-sdk"
+    if not runner.exists():
+        print(f"conformance: {runner} not found (set SIESTA_CONFORMANCE_DIR)")
+        return 1
+    # SIGTERM (CI stopping us) runs the cleanup below too.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    home = prepare_home()
+    log = home.parent / f"{home.name}.log"
+    server = SiestaServer(BINARY, home, log)
+    junit = home.parent / f"{home.name}.xml"
+    try:
+        build_template(home, log)
+        server.start()
+        run_suite(server, junit, sys.argv[1:])
+        return judge(junit)
+    finally:
+        server.stop()
+        for pid in pids_using(home):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for ns in netns_of(server.tag):
+            subprocess.run(["ip", "netns", "delete", ns], check=False)
+        print(f"conformance: server log {log} (last lines):\n{server.log_tail(15)}")
+        if os.environ.get("SIESTA_CONFORMANCE_KEEP") != "1":
+            shutil.rmtree(home, ignore_errors=True)
+            junit.unlink(missing_ok=True)
+            log.unlink(missing_ok=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
