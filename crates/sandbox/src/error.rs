@@ -72,6 +72,15 @@ pub enum Error {
         used_for: String,
     },
 
+    /// A template build with steps failed; `phase` says where (E2B's
+    /// `base`, the step number, or `finalize`).
+    #[error("building template {template:?} failed at step {phase}: {detail}")]
+    BuildFailed {
+        template: String,
+        phase: crate::template::BuildPhase,
+        detail: String,
+    },
+
     #[error(transparent)]
     Store(#[from] crate::store::StoreError),
 }

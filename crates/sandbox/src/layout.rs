@@ -9,6 +9,8 @@
 //!                      (templates built before the repository; still read)
 //!   sandboxes/<id>/    sandbox.json, disk.qcow2, state.bin (when paused), run/
 //!   run/pool/<n>/      sockets and logs of pre-spawned VMM processes
+//!   build-files/<sha256>.tar  files uploaded for COPY steps of template
+//!                      builds, by the SHA-256 of the archive's inputs
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -55,6 +57,10 @@ impl Layout {
     }
     pub fn pool_dir(&self) -> PathBuf {
         self.home.join("run/pool")
+    }
+    /// Uploaded archives for the COPY steps of template builds.
+    pub fn build_files(&self) -> PathBuf {
+        self.home.join("build-files")
     }
 }
 

@@ -444,7 +444,7 @@ pub(crate) fn new_record(
         started_at: now,
         end_at: now + timeout,
         access_token: crate::ids::new_token(),
-        env_vars: req.env_vars.clone(),
+        env_vars: template_env(template, &req.env_vars),
         metadata: req.metadata.clone(),
         allow_internet: req.allow_internet,
         cpu_count: template.record.vcpus,
@@ -455,7 +455,16 @@ pub(crate) fn new_record(
         vmm_pid: None,
         timings: None,
         dead_reason: None,
+        guest_defaults: template.record.defaults.guest.clone(),
     }
+}
+
+/// The template's ENV, overridden by what the create request sets.
+fn template_env(template: &Template, request: &HashMap<String, String>) -> HashMap<String, String> {
+    let mut env: HashMap<String, String> =
+        template.record.defaults.env.clone().into_iter().collect();
+    env.extend(request.iter().map(|(k, v)| (k.clone(), v.clone())));
+    env
 }
 
 pub(crate) fn set_running(sb: &mut Sandbox, r: Running, timeout: chrono::Duration) {
@@ -494,7 +503,11 @@ pub(crate) async fn stop_running(node: &Node, sb: &mut Sandbox) {
 
 pub(crate) fn resume_params(record: &SandboxRecord) -> ResumeParams {
     ResumeParams {
-        init: InitParams::new(Some(record.access_token.clone()), record.env_vars.clone()),
+        init: InitParams::new(
+            Some(record.access_token.clone()),
+            record.env_vars.clone(),
+            &record.guest_defaults,
+        ),
         // A template's guest holds no token (any is accepted); a paused
         // sandbox's holds its own.
         guest_token: Some(record.access_token.clone()),

@@ -158,6 +158,9 @@ mod tests {
             state: file("state.bin"),
             disk: file("disk.img"),
             cold_boot_ms: 0.0,
+            defaults: Default::default(),
+            parent: None,
+            build_key: None,
         };
         let state = dir.join("state.bin");
         std::fs::write(&state, b"s").unwrap();

@@ -29,6 +29,19 @@ pub struct PooledVm {
     /// The disk overlay the VMM has open (`<dir>/disk.qcow2`).
     pub overlay: PathBuf,
     pub run_dir: PathBuf,
+    /// Which build of the template it maps ([`build_key`]): a template
+    /// rebuilt under the same name must not resume into a VMM that maps
+    /// the previous build's memory.
+    pub build: String,
+}
+
+/// Identifies one build of a template: its snapshot id (or, for a legacy
+/// directory template, its creation time).
+fn build_key(template: &Template) -> String {
+    match &template.snapshot {
+        Some(snap) => snap.id.clone(),
+        None => template.record.created_at.to_rfc3339(),
+    }
 }
 
 /// How a pool prepares the VMMs it hands out: each is work taken off the
@@ -93,6 +106,10 @@ impl VmmPool {
     /// (reported as a miss), then refills the pool in the background.
     pub async fn acquire(self: &Arc<Self>, template: &Template) -> Result<(PooledVm, bool)> {
         let name = template.record.name.clone();
+        let stale = self.take_stale(template).await;
+        for entry in stale {
+            self.discard(entry).await;
+        }
         let waiting = self.ready.lock().await.get_mut(&name).and_then(Vec::pop);
         let (entry, hit) = match waiting {
             Some(entry) => (entry, true),
@@ -103,6 +120,20 @@ impl VmmPool {
         }
         self.refill(template.clone());
         Ok((entry, hit))
+    }
+
+    /// Removes the VMMs waiting for an earlier build of `template`.
+    async fn take_stale(&self, template: &Template) -> Vec<PooledVm> {
+        let current = build_key(template);
+        let mut ready = self.ready.lock().await;
+        let Some(waiting) = ready.get_mut(&template.record.name) else {
+            return Vec::new();
+        };
+        let (keep, stale) = std::mem::take(waiting)
+            .into_iter()
+            .partition(|e| e.build == current);
+        *waiting = keep;
+        stale
     }
 
     /// Tops the pool for `template` up to its size, in the background.
@@ -183,6 +214,7 @@ impl VmmPool {
                 slot,
                 overlay,
                 run_dir,
+                build: build_key(template),
             }),
             Err(source) => {
                 self.node.release_slot(slot).await;

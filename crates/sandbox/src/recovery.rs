@@ -287,6 +287,7 @@ mod tests {
             vmm_pid: Some(1),
             timings: None,
             dead_reason: None,
+            guest_defaults: Default::default(),
         }
     }
 

@@ -82,6 +82,7 @@ pub async fn from_template(
         slot,
         overlay,
         run_dir: _,
+        build: _,
     } = entry;
     tracing::debug!(sandbox = %id, pool_hit = hit, "vmm acquired");
     // A failed resume from a template leaves nothing: its directory goes too.

@@ -129,6 +129,27 @@ pub struct SandboxRecord {
     pub timings: Option<StageTimings>,
     /// Why a dead sandbox died.
     pub dead_reason: Option<String>,
+    /// The user and working directory commands get by default (its
+    /// template's last USER and WORKDIR).
+    #[serde(default)]
+    pub guest_defaults: GuestDefaults,
+}
+
+/// Who a guest's commands run as, and where, when a request names neither.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GuestDefaults {
+    pub user: String,
+    pub workdir: String,
+}
+
+impl Default for GuestDefaults {
+    /// E2B's: user `user` in its home.
+    fn default() -> Self {
+        Self {
+            user: "user".into(),
+            workdir: "/home/user".into(),
+        }
+    }
 }
 
 /// What callers see of a sandbox: its record.

@@ -6,6 +6,7 @@
 //! node's API key in `X-API-KEY`; errors are JSON `{"code","message"}`.
 
 mod api_key;
+pub mod builds;
 mod error;
 mod metrics;
 pub mod proxy;
@@ -30,10 +31,12 @@ pub async fn serve(
     let listener = tokio::net::TcpListener::bind(listen).await?;
     tracing::info!(%listen, "siesta server listening");
     let targets = Arc::new(proxy::ManagerTargets(manager.clone()));
+    let files = manager.node().config.layout().build_files();
     let state = AppState {
         manager,
         api_keys,
         metrics: Arc::new(Metrics::default()),
+        builds: Arc::new(builds::Builds::new(files)),
     };
     let app = proxy::front(router(state), targets);
     axum::serve(listener, app)

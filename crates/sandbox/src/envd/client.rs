@@ -33,18 +33,32 @@ pub struct InitParams {
 }
 
 impl InitParams {
-    pub fn new(access_token: Option<String>, env_vars: HashMap<String, String>) -> Self {
+    pub fn new(
+        access_token: Option<String>,
+        env_vars: HashMap<String, String>,
+        defaults: &crate::sandbox::GuestDefaults,
+    ) -> Self {
         let mut entropy = [0u8; 64];
         rand::Rng::fill(&mut rand::thread_rng(), &mut entropy[..]);
         Self {
             env_vars,
             access_token,
             timestamp: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Nanos, true),
-            default_user: "user".into(),
-            default_workdir: "/home/user".into(),
+            default_user: defaults.user.clone(),
+            default_workdir: defaults.workdir.clone(),
             entropy: base64::engine::general_purpose::STANDARD.encode(entropy),
         }
     }
+}
+
+/// Who runs a command, where, and with what environment.
+#[derive(Debug, Clone, Default)]
+pub struct ExecOptions {
+    /// The guest user; the agent's default user if `None`.
+    pub user: Option<String>,
+    pub envs: HashMap<String, String>,
+    /// The working directory; the agent's default if `None`.
+    pub cwd: Option<String>,
 }
 
 /// The result of a command run to completion.
@@ -168,7 +182,11 @@ impl EnvdClient {
         user: Option<&str>,
         on_output: impl FnMut(bool, &[u8]),
     ) -> Result<ExecOutput> {
-        self.run("/bin/bash", &["-l", "-c", cmd], user, on_output)
+        let opts = ExecOptions {
+            user: user.map(str::to_string),
+            ..Default::default()
+        };
+        self.run_with("/bin/bash", &["-l", "-c", cmd], &opts, on_output)
             .await
     }
 
@@ -178,14 +196,30 @@ impl EnvdClient {
         program: &str,
         args: &[&str],
         user: Option<&str>,
+        on_output: impl FnMut(bool, &[u8]),
+    ) -> Result<ExecOutput> {
+        let opts = ExecOptions {
+            user: user.map(str::to_string),
+            ..Default::default()
+        };
+        self.run_with(program, args, &opts, on_output).await
+    }
+
+    /// Runs `program args` with `opts` and waits for it.
+    pub async fn run_with(
+        &self,
+        program: &str,
+        args: &[&str],
+        opts: &ExecOptions,
         mut on_output: impl FnMut(bool, &[u8]),
     ) -> Result<ExecOutput> {
+        let user = opts.user.as_deref();
         let request = StartRequest {
             process: Some(ProcessConfig {
                 cmd: program.into(),
                 args: args.iter().map(|a| a.to_string()).collect(),
-                envs: HashMap::new(),
-                cwd: None,
+                envs: opts.envs.clone(),
+                cwd: opts.cwd.clone(),
             }),
             pty: None,
             tag: None,
@@ -248,6 +282,30 @@ impl EnvdClient {
             }
         }
         Err(self.agent_err("Start stream ended without an end-of-stream message"))
+    }
+
+    /// Writes `body` to `path` in the guest as `user` (`POST /files`).
+    pub async fn upload(&self, path: &str, user: &str, body: Vec<u8>) -> Result<()> {
+        let mut req = self
+            .http
+            .post(format!("{}/files", self.base))
+            .query(&[("path", path), ("username", user)])
+            .header("content-type", "application/octet-stream")
+            .timeout(Duration::from_secs(600))
+            .body(body);
+        if let Some(t) = &self.token {
+            req = req.header("X-Access-Token", t);
+        }
+        let resp = req
+            .send()
+            .await
+            .map_err(|e| self.agent_err(format!("upload of {path}: {e}")))?;
+        if !resp.status().is_success() {
+            let status = resp.status();
+            let text = resp.text().await.unwrap_or_default();
+            return Err(self.agent_err(format!("upload of {path} answered {status}: {text}")));
+        }
+        Ok(())
     }
 
     fn finish_stream(&self, end: &[u8], ended: bool, out: ExecOutput) -> Result<ExecOutput> {

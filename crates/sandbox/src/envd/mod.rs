@@ -4,5 +4,5 @@
 mod client;
 mod envelope;
 
-pub use client::{EnvdClient, ExecOutput, InitParams};
+pub use client::{EnvdClient, ExecOptions, ExecOutput, InitParams};
 pub use envelope::{decode_envelopes, encode_envelope, Envelope};

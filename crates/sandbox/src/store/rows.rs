@@ -13,7 +13,7 @@ use crate::sandbox::{Lifecycle, SandboxRecord};
 /// The columns every read selects, in the order [`from_row`] expects.
 pub(super) const COLUMNS: &str = "id, template, state, created_us, started_us, end_us, \
      access_token, env_vars, allow_internet, cpu_count, memory_mb, disk_size_mb, \
-     on_timeout, auto_resume, agent_addr, vmm_pid, timings, dead_reason";
+     on_timeout, auto_resume, agent_addr, vmm_pid, timings, dead_reason, guest_defaults";
 
 impl Store {
     /// Inserts or replaces `rec` and its metadata, atomically.
@@ -92,10 +92,11 @@ fn upsert(conn: &Connection, r: &SandboxRecord) -> rusqlite::Result<usize> {
         .map(serde_json::to_string)
         .transpose()
         .map_err(to_sql_err)?;
+    let defaults = serde_json::to_string(&r.guest_defaults).map_err(to_sql_err)?;
     conn.execute(
         &format!(
             "INSERT OR REPLACE INTO sandboxes ({COLUMNS}) VALUES \
-             (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)"
+             (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19)"
         ),
         params![
             r.id,
@@ -116,6 +117,7 @@ fn upsert(conn: &Connection, r: &SandboxRecord) -> rusqlite::Result<usize> {
             r.vmm_pid,
             timings,
             r.dead_reason,
+            defaults,
         ],
     )
 }
@@ -202,6 +204,7 @@ pub(super) fn from_row(row: &Row) -> rusqlite::Result<SandboxRecord> {
         vmm_pid: row.get(15)?,
         timings: json(row, 16)?,
         dead_reason: row.get(17)?,
+        guest_defaults: json(row, 18)?.unwrap_or_default(),
         metadata: HashMap::new(),
     })
 }

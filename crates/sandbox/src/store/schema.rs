@@ -41,6 +41,9 @@ const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (sandbox_id, key)
     );
     CREATE INDEX sandbox_metadata_by_pair ON sandbox_metadata (key, value);",
+    // 2: the default user and working directory from the template (JSON
+    // `GuestDefaults`; NULL is E2B's user `user` in /home/user).
+    "ALTER TABLE sandboxes ADD COLUMN guest_defaults TEXT;",
 ];
 
 /// The version this build creates and understands.

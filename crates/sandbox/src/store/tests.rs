@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use chrono::{DateTime, Duration, TimeZone, Utc};
 
 use super::*;
-use crate::sandbox::{Lifecycle, OnTimeout, SandboxRecord, SandboxState};
+use crate::sandbox::{GuestDefaults, Lifecycle, OnTimeout, SandboxRecord, SandboxState};
 use crate::stages::StageTimings;
 
 fn t(secs: i64) -> DateTime<Utc> {
@@ -35,6 +35,10 @@ fn rec(id: &str, started: i64, state: SandboxState, meta: &[(&str, &str)]) -> Sa
         vmm_pid: None,
         timings: None,
         dead_reason: None,
+        guest_defaults: GuestDefaults {
+            user: format!("u-{id}"),
+            workdir: "/srv".into(),
+        },
     }
 }
 

@@ -76,6 +76,7 @@ pub async fn cold_boot(node: &Node, image: &str) -> Result<f64> {
             node,
             "coldboot",
             &work,
+            VmSize::of_node(node),
             work.join("memory.img"),
             disk,
             DiskFormat::Qcow2,
@@ -109,10 +110,27 @@ fn check_assets(node: &Node, image: &str) -> Result<PathBuf> {
     Ok(image)
 }
 
-fn boot_spec(
+/// The size of a VM: vCPUs and memory in MiB.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct VmSize {
+    pub vcpus: u32,
+    pub memory_mib: u32,
+}
+
+impl VmSize {
+    pub fn of_node(node: &Node) -> Self {
+        Self {
+            vcpus: node.config.vcpus,
+            memory_mib: node.config.memory_mib,
+        }
+    }
+}
+
+pub(super) fn boot_spec(
     node: &Node,
     id: &str,
     dir: &Path,
+    size: VmSize,
     memory: PathBuf,
     disk: PathBuf,
     format: DiskFormat,
@@ -121,8 +139,8 @@ fn boot_spec(
     LaunchSpec {
         id: id.to_string(),
         run_dir: dir.join("run"),
-        vcpus: node.config.vcpus,
-        memory_mib: node.config.memory_mib.into(),
+        vcpus: size.vcpus,
+        memory_mib: size.memory_mib.into(),
         kernel: layout.kernel(),
         initrd: Some(layout.initrd()),
         cmdline: node.kernel_cmdline(),
@@ -143,11 +161,11 @@ fn boot_spec(
 }
 
 /// A booted VM and the slot it runs in.
-type Booted = (Box<dyn VmInstance>, siesta_net::Slot);
+pub(super) type Booted = (Box<dyn VmInstance>, siesta_net::Slot);
 
 /// Takes a slot, spawns and boots `spec` there and waits for the agent.
 /// On failure nothing is left running.
-async fn boot_until_healthy(node: &Node, mut spec: LaunchSpec) -> Result<(Booted, f64)> {
+pub(super) async fn boot_until_healthy(node: &Node, mut spec: LaunchSpec) -> Result<(Booted, f64)> {
     let id = spec.id.clone();
     let slot = node.acquire_slot(&id).await?;
     spec.net = Some(node.net_spec(&slot));
@@ -196,20 +214,14 @@ async fn freeze_into(
         node,
         &id,
         work,
+        VmSize::of_node(node),
         memory.clone(),
         disk.clone(),
         DiskFormat::Raw,
     );
     let run_dir = spec.run_dir.clone();
-    let ((mut vm, slot), cold_boot_ms) = boot_until_healthy(node, spec).await?;
-    let frozen = async {
-        vm.pause().await?;
-        vm.save(&state, MemorySave::InBackingFile).await
-    }
-    .await;
-    let _ = vm.shutdown().await;
-    node.release_slot(slot).await;
-    frozen.map_err(|source| Error::vmm(id, source))?;
+    let (booted, cold_boot_ms) = boot_until_healthy(node, spec).await?;
+    freeze(node, &id, booted, &state).await?;
     let _ = std::fs::remove_dir_all(&run_dir);
 
     let record = TemplateRecord {
@@ -225,9 +237,26 @@ async fn freeze_into(
         state: file_record(&state)?,
         disk: file_record(&disk)?,
         cold_boot_ms,
+        defaults: Default::default(),
+        parent: None,
+        build_key: None,
     };
     record.store(work)?;
     Ok(record)
+}
+
+/// Stops the booted VM, saves its device state to `state` (RAM stays in
+/// the shared backing file) and shuts it down; the slot is released.
+pub(super) async fn freeze(node: &Node, id: &str, booted: Booted, state: &Path) -> Result<()> {
+    let (mut vm, slot) = booted;
+    let frozen = async {
+        vm.pause().await?;
+        vm.save(state, MemorySave::InBackingFile).await
+    }
+    .await;
+    let _ = vm.shutdown().await;
+    node.release_slot(slot).await;
+    frozen.map(drop).map_err(|source| Error::vmm(id, source))
 }
 
 /// Appends the guest's console output to a readiness error: it is usually

@@ -138,7 +138,7 @@ async fn sample_until_ready(
     let client = node.envd_client(id, slot, None);
     let timeout = node.config.resume_ready_timeout;
     sample_while(&mut recorder, &pagemap_err, client.wait_healthy(timeout)).await??;
-    let init = InitParams::new(None, Default::default());
+    let init = InitParams::new(None, Default::default(), &Default::default());
     sample_while(&mut recorder, &pagemap_err, client.init(&init)).await??;
     let ready_ms = started.elapsed().as_secs_f64() * 1e3;
     recorder.sample().map_err(pagemap_err)?;

@@ -2,13 +2,17 @@
 //! resuming one.
 
 mod build;
+mod derive;
 mod manifest;
 mod publish;
 pub mod record;
+pub mod steps;
 
 pub use build::{build_template, cold_boot, BuildOptions};
+pub use derive::{build_from_steps, BuildLog, BuildPhase, LogLevel};
 pub use manifest::{record_startup_manifest, spawn_manifest_recording, RecordedManifest};
 pub use record::TemplateRecord;
+pub use steps::{BuildSource, Step, StepsBuild};
 
 use std::path::{Path, PathBuf};
 
@@ -165,6 +169,32 @@ pub fn list(layout: &Layout) -> Result<Vec<Template>> {
     }
     out.sort_by(|a, b| a.record.name.cmp(&b.record.name));
     Ok(out)
+}
+
+/// Deletes template `name`; false if there was none. Its sandboxes keep
+/// running (their VMMs hold the files open); new ones cannot start from it.
+pub fn delete(layout: &Layout, name: &str) -> Result<bool> {
+    validate_name("template", name).map_err(Error::Invalid)?;
+    let repo = Repository::open(layout.repo())?;
+    let mut found = false;
+    match repo.resolve(&alias(name)) {
+        Ok(snap) => {
+            repo.delete(&snap.id)?;
+            found = true;
+        }
+        Err(RepoError::NotFound(_)) => {}
+        Err(e) => return Err(e.into()),
+    }
+    let legacy = layout.template_dir(name);
+    if is_complete(&legacy) {
+        std::fs::remove_dir_all(&legacy).map_err(|source| Error::Io {
+            what: "removing template directory",
+            path: legacy.clone(),
+            source,
+        })?;
+        found = true;
+    }
+    Ok(found)
 }
 
 pub(crate) fn is_complete(dir: &Path) -> bool {

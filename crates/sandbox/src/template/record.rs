@@ -41,6 +41,31 @@ pub struct TemplateRecord {
     pub disk: FileRecord,
     /// Time from spawning the VMM to the agent's first `/health` answer.
     pub cold_boot_ms: f64,
+    /// What sandboxes of this template start with (from its build steps).
+    #[serde(default)]
+    pub defaults: TemplateDefaults,
+    /// The template it was built from, for a template built with steps.
+    #[serde(default)]
+    pub parent: Option<String>,
+    /// Digest of everything the build read (parent snapshot, steps, copied
+    /// files, start and ready commands, size): an unchanged build reuses
+    /// the template instead of building it again.
+    #[serde(default)]
+    pub build_key: Option<String>,
+}
+
+/// The environment a template's sandboxes start in: set by ENV, USER and
+/// WORKDIR steps and the start command of its build.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TemplateDefaults {
+    #[serde(default)]
+    pub env: std::collections::BTreeMap<String, String>,
+    #[serde(default)]
+    pub guest: crate::sandbox::GuestDefaults,
+    /// Started before the template was frozen: its sandboxes resume with
+    /// it running.
+    #[serde(default)]
+    pub start_cmd: Option<String>,
 }
 
 impl TemplateRecord {

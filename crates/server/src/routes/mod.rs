@@ -4,7 +4,8 @@
 //! |---|---|
 //! | `sandboxes.rs` | create, list, get, kill, pause, connect/resume, timeout, metrics |
 //! | `snapshots.rs` | snapshots of running sandboxes (create, list, delete), fork |
-//! | `templates.rs` | templates list |
+//! | `templates.rs` | templates list, the `Template` model |
+//! | `template_builds.rs` | the E2B template build API: create, upload links, start, status, logs; alias, get, delete |
 //! | `node.rs` | `/health`, Prometheus `/metrics`, `/openapi.yaml` |
 //! | `model.rs` | the JSON models (`Sandbox`, `SandboxDetail`, `ListedSandbox`) |
 //! | `query.rs` | the list query string (double-encoded metadata, comma states) |
@@ -14,6 +15,7 @@ mod node;
 mod query;
 mod sandboxes;
 mod snapshots;
+mod template_builds;
 mod templates;
 
 use std::sync::Arc;
@@ -35,6 +37,7 @@ pub struct AppState {
     pub manager: Arc<SandboxManager>,
     pub api_keys: crate::ApiKeys,
     pub metrics: Arc<Metrics>,
+    pub builds: crate::builds::SharedBuilds,
 }
 
 pub fn router(state: AppState) -> Router {
@@ -61,7 +64,25 @@ pub fn router(state: AppState) -> Router {
         .route("/sandboxes/{id}/fork", post(snapshots::fork))
         .route("/snapshots", get(snapshots::list))
         .route("/templates", get(templates::list))
-        .route("/templates/{id}", axum::routing::delete(snapshots::delete))
+        .route("/v3/templates", post(template_builds::create))
+        .route(
+            "/templates/{id}",
+            get(template_builds::get).delete(template_builds::delete),
+        )
+        .route("/templates/aliases/{alias}", get(template_builds::alias))
+        .route("/templates/{id}/files/{hash}", get(template_builds::files))
+        .route(
+            "/v2/templates/{id}/builds/{build}",
+            post(template_builds::start),
+        )
+        .route(
+            "/templates/{id}/builds/{build}/status",
+            get(template_builds::status),
+        )
+        .route(
+            "/templates/{id}/builds/{build}/logs",
+            get(template_builds::logs),
+        )
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             require_api_key,
@@ -70,6 +91,11 @@ pub fn router(state: AppState) -> Router {
         .route("/health", get(node::health))
         .route("/metrics", get(node::prometheus))
         .route("/openapi.yaml", get(node::openapi))
+        // Signed links: the SDK uploads without the API key.
+        .route(
+            "/template-files/{hash}",
+            axum::routing::put(template_builds::upload),
+        )
         .merge(control)
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such endpoint") })
         .method_not_allowed_fallback(|| async {

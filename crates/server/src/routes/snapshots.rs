@@ -56,22 +56,6 @@ pub async fn list(
     ))
 }
 
-/// `DELETE /templates/{id}`: deletes a user snapshot (204), 404 if none.
-/// Templates themselves are managed with `siesta template`.
-pub async fn delete(
-    State(st): State<AppState>,
-    Path(id): Path<String>,
-) -> Result<StatusCode, ApiError> {
-    if st.manager.delete_snapshot(&id)? {
-        Ok(StatusCode::NO_CONTENT)
-    } else {
-        Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            format!("snapshot {id:?} not found (templates are deleted with the siesta CLI)"),
-        ))
-    }
-}
-
 #[derive(Deserialize, Default)]
 pub struct ForkBody {
     timeout: Option<u64>,

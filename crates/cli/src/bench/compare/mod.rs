@@ -101,7 +101,7 @@ async fn resume_once(
         pool.wait_ready(&tpl.record.name, POOL_WAIT).await?;
     }
     let params = ResumeParams {
-        init: InitParams::new(None, Default::default()),
+        init: InitParams::new(None, Default::default(), &Default::default()),
         guest_token: None,
         egress: siesta_net::EgressPolicy {
             allow_internet: true,

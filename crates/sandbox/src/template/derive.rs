@@ -1,0 +1,513 @@
+//! Builds a template from steps: boot a VM on a copy of the source
+//! template's disk, run the steps in it through the agent, start the start
+//! command and wait for its ready check, then freeze the VM as the new
+//! template. Its sandboxes resume with the start command's process running.
+//!
+//! Phases, as build errors name them (E2B's `reason.step`): `base` (the
+//! source and the boot), `1`, `2`, ... (the steps), `finalize` (start and
+//! ready commands, freezing, publishing).
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use siesta_vmm::DiskFormat;
+
+use super::build::{boot_spec, boot_until_healthy, freeze, VmSize};
+use super::record::{self, file_record, TemplateDefaults, TemplateRecord};
+use super::steps::{BuildSource, Step, StepContext, StepsBuild};
+use super::Template;
+use crate::envd::{EnvdClient, ExecOptions, InitParams};
+use crate::error::{Error, IoContext, Result};
+use crate::layout::validate_name;
+use crate::node::Node;
+use crate::rootfs::copy_sparse;
+use crate::sandbox::GuestDefaults;
+
+/// How long the ready check may take before the build fails.
+const READY_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Severity of a build log line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogLevel {
+    Info,
+    Warn,
+    Error,
+}
+
+/// Where a build is, for its log lines and its failure.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BuildPhase {
+    Base,
+    /// Step `n`, counted from 1 in the user's order.
+    Step(usize),
+    Finalize,
+}
+
+impl std::fmt::Display for BuildPhase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BuildPhase::Base => f.write_str("base"),
+            BuildPhase::Step(n) => write!(f, "{n}"),
+            BuildPhase::Finalize => f.write_str("finalize"),
+        }
+    }
+}
+
+/// Receives the build's log lines as they happen.
+pub type BuildLog = Arc<dyn Fn(LogLevel, &BuildPhase, &str) + Send + Sync>;
+
+/// Builds `build` and returns the template; an identical earlier build of
+/// the same name is returned as it is unless `build.force`.
+pub async fn build_from_steps(node: &Node, build: &StepsBuild, log: &BuildLog) -> Result<Template> {
+    validate_name("template", &build.name).map_err(Error::Invalid)?;
+    let layout = node.config.layout();
+    let BuildSource::Template(source_name) = &build.source;
+    let source =
+        Template::open(&layout, source_name).map_err(|e| failed(build, BuildPhase::Base, e))?;
+    let source_id = source
+        .snapshot
+        .as_ref()
+        .map_or_else(|| source.record.created_at.to_rfc3339(), |s| s.id.clone());
+    let key = build.cache_key(&source_id);
+    if !build.force {
+        if let Ok(existing) = Template::open(&layout, &build.name) {
+            if existing.record.build_key.as_deref() == Some(key.as_str()) {
+                log(
+                    LogLevel::Info,
+                    &BuildPhase::Base,
+                    "unchanged since the last build: using it (cached)",
+                );
+                return Ok(existing);
+            }
+        }
+    }
+    let work = layout.templates().join(format!(".{}.building", build.name));
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work).ctx("creating template build directory", &work)?;
+    let result = assemble(node, build, &source, key, &work, log).await;
+    let published = result.and_then(|rec| super::publish::publish_template(&layout, &rec, &work));
+    let _ = std::fs::remove_dir_all(&work);
+    published.map_err(|e| failed(build, BuildPhase::Finalize, e))
+}
+
+fn failed(build: &StepsBuild, phase: BuildPhase, e: Error) -> Error {
+    match e {
+        e @ Error::BuildFailed { .. } => e,
+        other => Error::BuildFailed {
+            template: build.name.clone(),
+            phase,
+            detail: other.to_string(),
+        },
+    }
+}
+
+/// Boots, runs the steps, freezes; returns the record of the frozen VM in
+/// `work` (not yet published).
+async fn assemble(
+    node: &Node,
+    build: &StepsBuild,
+    source: &Template,
+    key: String,
+    work: &Path,
+    log: &BuildLog,
+) -> Result<TemplateRecord> {
+    let size = VmSize {
+        vcpus: build.vcpus.unwrap_or(source.record.vcpus),
+        memory_mib: build.memory_mib.unwrap_or(source.record.memory_mib),
+    };
+    let disk = work.join(record::DISK_FILE);
+    let memory = work.join(record::MEMORY_FILE);
+    let state = work.join(record::STATE_FILE);
+    let id = format!("build-{}", build.name);
+    log(
+        LogLevel::Info,
+        &BuildPhase::Base,
+        &format!("from template {}", source.record.name),
+    );
+    copy_sparse(&source.disk_path(), &disk)
+        .await
+        .map_err(|e| failed(build, BuildPhase::Base, e))?;
+    let spec = boot_spec(
+        node,
+        &id,
+        work,
+        size,
+        memory.clone(),
+        disk.clone(),
+        DiskFormat::Raw,
+    );
+    let run_dir = spec.run_dir.clone();
+    let started = Instant::now();
+    let (booted, cold_boot_ms) = boot_until_healthy(node, spec)
+        .await
+        .map_err(|e| failed(build, BuildPhase::Base, e))?;
+    log(
+        LogLevel::Info,
+        &BuildPhase::Base,
+        &format!("VM booted in {:.1} s", started.elapsed().as_secs_f64()),
+    );
+    let client = node.envd_client(&id, &booted.1, None);
+    let mut ctx = StepContext::starting(
+        source.record.defaults.env.clone(),
+        &source.record.defaults.guest,
+    );
+    let ran = run_all(&client, build, &mut ctx, log).await;
+    let ran = match ran {
+        Ok(()) => finalize(&client, build, &ctx, log).await,
+        Err(e) => Err(e),
+    };
+    if let Err(e) = ran {
+        let (mut vm, slot) = booted;
+        let _ = vm.shutdown().await;
+        node.release_slot(slot).await;
+        return Err(e);
+    }
+    freeze(node, &id, booted, &state)
+        .await
+        .map_err(|e| failed(build, BuildPhase::Finalize, e))?;
+    let _ = std::fs::remove_dir_all(&run_dir);
+    log(LogLevel::Info, &BuildPhase::Finalize, "frozen");
+    let record = TemplateRecord {
+        name: build.name.clone(),
+        image: source.record.image.clone(),
+        created_at: chrono::Utc::now(),
+        vcpus: size.vcpus,
+        memory_mib: size.memory_mib,
+        vmm: node.vmm.info().clone(),
+        kernel: node.config.layout().kernel().display().to_string(),
+        kernel_cmdline: node.kernel_cmdline(),
+        memory: file_record(&memory)?,
+        state: file_record(&state)?,
+        disk: file_record(&disk)?,
+        cold_boot_ms,
+        defaults: TemplateDefaults {
+            env: ctx.env.clone(),
+            guest: GuestDefaults {
+                user: ctx.user.clone(),
+                workdir: ctx.workdir.clone(),
+            },
+            start_cmd: build.start_cmd.clone(),
+        },
+        parent: Some(source.record.name.clone()),
+        build_key: Some(key),
+    };
+    record.store(work)?;
+    Ok(record)
+}
+
+async fn run_all(
+    client: &EnvdClient,
+    build: &StepsBuild,
+    ctx: &mut StepContext,
+    log: &BuildLog,
+) -> Result<()> {
+    for (i, step) in build.steps.iter().enumerate() {
+        let phase = BuildPhase::Step(i + 1);
+        log(
+            LogLevel::Info,
+            &phase,
+            &format!("[{}/{}] {}", i + 1, build.steps.len(), step.describe()),
+        );
+        run_step(client, step, ctx, &phase, log)
+            .await
+            .map_err(|e| failed(build, phase.clone(), e))?;
+    }
+    Ok(())
+}
+
+async fn run_step(
+    client: &EnvdClient,
+    step: &Step,
+    ctx: &mut StepContext,
+    phase: &BuildPhase,
+    log: &BuildLog,
+) -> Result<()> {
+    match step {
+        Step::Run { command, user } => {
+            let user = user.clone().unwrap_or_else(|| ctx.user.clone());
+            shell(client, ctx, &user, command, phase, log).await
+        }
+        Step::Env(pairs) => {
+            ctx.env.extend(pairs.iter().cloned());
+            Ok(())
+        }
+        Step::Workdir(dir) => {
+            let dir = ctx.resolve(dir);
+            let script = format!(
+                "[ -d {d} ] || {{ mkdir -p {d} && chown {u}: {d}; }}",
+                d = quote(&dir),
+                u = quote(&ctx.user)
+            );
+            shell(client, ctx, "root", &script, phase, log).await?;
+            ctx.workdir = dir;
+            Ok(())
+        }
+        Step::User(name) => {
+            let script = format!(
+                "id -u {u} >/dev/null 2>&1 || useradd -m -s /bin/bash {u}",
+                u = quote(name)
+            );
+            shell(client, ctx, "root", &script, phase, log).await?;
+            ctx.user = name.clone();
+            Ok(())
+        }
+        Step::Copy {
+            archive,
+            digest,
+            dest,
+            owner,
+            mode,
+        } => {
+            let bytes = tokio::fs::read(archive)
+                .await
+                .ctx("reading the files of a COPY step", archive)?;
+            let guest_archive =
+                format!("/tmp/.siesta-copy-{}.tar", &digest[..digest.len().min(16)]);
+            client.upload(&guest_archive, "root", bytes).await?;
+            let owner = owner.clone().unwrap_or_else(|| ctx.user.clone());
+            let mode = mode.map(|m| format!("{m:o}")).unwrap_or_default();
+            let script = copy_script(
+                &guest_archive,
+                &ctx.resolve(dest),
+                dest.ends_with('/'),
+                &owner,
+                &mode,
+            );
+            shell(client, ctx, "root", &script, phase, log).await
+        }
+    }
+}
+
+/// Unpacks the archive in a scratch directory and copies what it holds to
+/// `dest` as Docker's COPY does: a directory's contents go into `dest`;
+/// several entries, or a `dest` ending in `/` or naming a directory, go
+/// into `dest`; a single file otherwise becomes `dest`. Only what was copied
+/// (and `dest` itself when the COPY created it) gets `owner` and `mode`.
+fn copy_script(archive: &str, dest: &str, into_dir: bool, owner: &str, mode: &str) -> String {
+    format!(
+        r#"set -e
+archive={archive}; dest={dest}; owner={owner}; mode={mode}
+ctx="$archive.d"; rm -rf "$ctx"; mkdir -p "$ctx"
+tar -xf "$archive" -C "$ctx" --no-same-owner
+existed=0; [ -e "$dest" ] || [ -L "$dest" ] && existed=1
+cd "$ctx"
+shopt -s nullglob dotglob
+entries=(*)
+into={into}
+[ ${{#entries[@]}} -gt 1 ] && into=1
+[ -d "$dest" ] && into=1
+targets=()
+for e in "${{entries[@]}}"; do
+  if [ -d "$e" ] && [ ! -L "$e" ] && [ ${{#entries[@]}} -eq 1 ]; then
+    mkdir -p "$dest"
+    for c in "$e"/*; do targets+=("$dest/${{c##*/}}"); done
+    cp -a "$e"/. "$dest"/
+  elif [ $into = 1 ]; then
+    mkdir -p "$dest"; cp -a "$e" "$dest"/; targets+=("$dest/$e")
+  else
+    mkdir -p "$(dirname "$dest")"; cp -a "$e" "$dest"; targets+=("$dest")
+  fi
+done
+[ -e "$dest" ] || mkdir -p "$dest"
+# A destination the COPY created is wholly its own.
+[ $existed = 1 ] || targets=("$dest")
+if [ ${{#targets[@]}} -gt 0 ]; then
+  chown -R -h "$owner" "${{targets[@]}}"
+  [ -z "$mode" ] || find "${{targets[@]}}" ! -type l -exec chmod "$mode" {{}} +
+fi
+cd /; rm -rf "$ctx" "$archive""#,
+        archive = quote(archive),
+        dest = quote(dest),
+        owner = quote(owner),
+        mode = quote(mode),
+        into = u8::from(into_dir),
+    )
+}
+
+/// Starts the start command in the background (detached from the agent,
+/// so it outlives the call) and runs the ready check until it succeeds;
+/// then flushes the guest's file systems.
+async fn finalize(
+    client: &EnvdClient,
+    build: &StepsBuild,
+    ctx: &StepContext,
+    log: &BuildLog,
+) -> Result<()> {
+    let phase = BuildPhase::Finalize;
+    let fail = |e| failed(build, BuildPhase::Finalize, e);
+    init_guest(client, ctx).await.map_err(fail)?;
+    if let Some(start) = &build.start_cmd {
+        log(LogLevel::Info, &phase, &format!("start command: {start}"));
+        let mut c = ctx.clone();
+        c.env.insert("SIESTA_START_CMD".into(), start.clone());
+        let detach = "setsid -f bash -l -c \"$SIESTA_START_CMD\" </dev/null >/dev/null 2>&1";
+        shell(client, &c, &ctx.user, detach, &phase, log)
+            .await
+            .map_err(fail)?;
+    }
+    if let Some(ready) = &build.ready_cmd {
+        log(
+            LogLevel::Info,
+            &phase,
+            &format!("waiting for the ready check: {ready}"),
+        );
+        wait_ready(client, ctx, ready).await.map_err(fail)?;
+    }
+    shell(client, ctx, "root", "sync", &phase, log)
+        .await
+        .map_err(fail)
+}
+
+/// Gives the build VM's agent the template's defaults, so the frozen
+/// agent already has them (each sandbox's `/init` sets them again).
+async fn init_guest(client: &EnvdClient, ctx: &StepContext) -> Result<()> {
+    let guest = GuestDefaults {
+        user: ctx.user.clone(),
+        workdir: ctx.workdir.clone(),
+    };
+    client
+        .init(&InitParams::new(None, HashMap::new(), &guest))
+        .await
+}
+
+async fn wait_ready(client: &EnvdClient, ctx: &StepContext, ready: &str) -> Result<()> {
+    let started = Instant::now();
+    let mut last = String::new();
+    while started.elapsed() < READY_TIMEOUT {
+        let out = client
+            .run_with(
+                "/bin/bash",
+                &["-l", "-c", ready],
+                &options(ctx, &ctx.user),
+                |_, _| {},
+            )
+            .await?;
+        if out.exit_code == 0 {
+            return Ok(());
+        }
+        last = tail(&out.stdout, &out.stderr);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    Err(Error::Invalid(format!(
+        "the ready check `{ready}` did not succeed within {} s{}",
+        READY_TIMEOUT.as_secs(),
+        if last.is_empty() {
+            String::new()
+        } else {
+            format!("; its last output: {last}")
+        }
+    )))
+}
+
+fn options(ctx: &StepContext, user: &str) -> ExecOptions {
+    ExecOptions {
+        user: Some(user.to_string()),
+        envs: ctx.env.clone().into_iter().collect(),
+        cwd: Some(ctx.workdir.clone()),
+    }
+}
+
+/// Runs `script` with bash as `user` in the step context, logging its
+/// output line by line; a non-zero exit is an error with the output's tail.
+async fn shell(
+    client: &EnvdClient,
+    ctx: &StepContext,
+    user: &str,
+    script: &str,
+    phase: &BuildPhase,
+    log: &BuildLog,
+) -> Result<()> {
+    let mut opts = options(ctx, user);
+    if user == "root" {
+        // Root's own steps (mkdir, useradd, unpacking) may run before the
+        // working directory exists.
+        opts.cwd = Some("/".into());
+    }
+    let mut pending = String::new();
+    let out = client
+        .run_with("/bin/bash", &["-l", "-c", script], &opts, |_, bytes| {
+            pending.push_str(&String::from_utf8_lossy(bytes));
+            while let Some(nl) = pending.find('\n') {
+                let line: String = pending.drain(..=nl).collect();
+                log(LogLevel::Info, phase, line.trim_end());
+            }
+        })
+        .await?;
+    if !pending.is_empty() {
+        log(LogLevel::Info, phase, pending.trim_end());
+    }
+    if out.exit_code != 0 {
+        return Err(Error::Command {
+            what: format!("`{}` (as {user})", first_line(script)),
+            detail: format!(
+                "exit code {}: {}",
+                out.exit_code,
+                tail(&out.stdout, &out.stderr)
+            ),
+        });
+    }
+    Ok(())
+}
+
+fn first_line(s: &str) -> &str {
+    let line = s.lines().next().unwrap_or("");
+    if line.len() > 120 {
+        let mut end = 120;
+        while !line.is_char_boundary(end) {
+            end -= 1;
+        }
+        &line[..end]
+    } else {
+        line
+    }
+}
+
+/// The last lines of a command's output, for an error message.
+fn tail(stdout: &[u8], stderr: &[u8]) -> String {
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(stdout),
+        String::from_utf8_lossy(stderr)
+    );
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    let tail = lines[lines.len().saturating_sub(10)..].join("\n");
+    if tail.is_empty() {
+        "no output".into()
+    } else {
+        tail
+    }
+}
+
+/// `s` as one single-quoted shell word.
+fn quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quoting_survives_quotes() {
+        assert_eq!(quote("a'b"), r"'a'\''b'");
+        assert_eq!(quote(""), "''");
+    }
+
+    #[test]
+    fn tail_keeps_the_last_lines() {
+        let out: String = (0..20).map(|i| format!("line {i}\n")).collect();
+        let t = tail(out.as_bytes(), b"boom\n");
+        assert!(t.ends_with("line 19\nboom"), "{t}");
+        assert!(!t.contains("line 9\n"));
+        assert_eq!(tail(b"", b""), "no output");
+    }
+
+    #[test]
+    fn phases_print_as_e2b_names_them() {
+        assert_eq!(BuildPhase::Base.to_string(), "base");
+        assert_eq!(BuildPhase::Step(3).to_string(), "3");
+        assert_eq!(BuildPhase::Finalize.to_string(), "finalize");
+    }
+}

@@ -1,0 +1,265 @@
+//! Template builds started through the E2B template API: their status and
+//! log lines while they run, and the signed upload links for the files of
+//! their COPY steps.
+//!
+//! Build status lives in memory: a build is a few minutes of one server's
+//! life. After a restart its status is unknown (404) and the template is
+//! either published or absent, never half-built (publishing is atomic).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use chrono::{DateTime, Utc};
+use hmac::{Hmac, Mac};
+use serde::Serialize;
+use sha2::Sha256;
+
+/// How long an upload link stays valid (the SDK uploads right away; E2B's
+/// own links last an hour).
+pub const UPLOAD_LINK_TTL: Duration = Duration::from_secs(3600);
+
+/// At most this many log entries in one status page (E2B's limit).
+pub const MAX_LOG_PAGE: usize = 100;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BuildStatus {
+    /// Created, steps not yet posted.
+    Waiting,
+    Building,
+    Ready,
+    Error,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct LogEntry {
+    pub timestamp: DateTime<Utc>,
+    pub level: &'static str,
+    pub message: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub step: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct FailureReason {
+    pub message: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub step: Option<String>,
+}
+
+/// One build: its template, size and where it is.
+#[derive(Debug, Clone)]
+pub struct Build {
+    pub template: String,
+    pub vcpus: Option<u32>,
+    pub memory_mib: Option<u32>,
+    pub status: BuildStatus,
+    pub entries: Vec<LogEntry>,
+    pub reason: Option<FailureReason>,
+    pub created_at: DateTime<Utc>,
+}
+
+/// Every build this server started, by build id.
+pub struct Builds {
+    builds: Mutex<HashMap<String, Build>>,
+    files: PathBuf,
+    secret: [u8; 32],
+}
+
+impl Builds {
+    /// Builds whose uploads are stored under `files`; the link-signing key
+    /// is random per process (links are short-lived and used at once).
+    pub fn new(files: PathBuf) -> Self {
+        let mut secret = [0u8; 32];
+        rand::Rng::fill(&mut rand::thread_rng(), &mut secret[..]);
+        Self {
+            builds: Mutex::new(HashMap::new()),
+            files,
+            secret,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Build>> {
+        // A panic while holding the lock leaves plain data: keep using it.
+        self.builds.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Registers a new build of `template` (status `waiting`); its id.
+    pub fn create(&self, template: &str, vcpus: Option<u32>, memory_mib: Option<u32>) -> String {
+        let id = new_build_id();
+        self.lock().insert(
+            id.clone(),
+            Build {
+                template: template.to_string(),
+                vcpus,
+                memory_mib,
+                status: BuildStatus::Waiting,
+                entries: Vec::new(),
+                reason: None,
+                created_at: Utc::now(),
+            },
+        );
+        id
+    }
+
+    pub fn get(&self, id: &str) -> Option<Build> {
+        self.lock().get(id).cloned()
+    }
+
+    /// True if another build of `template` than `except` is running.
+    pub fn is_building(&self, template: &str, except: &str) -> bool {
+        self.lock().iter().any(|(id, b)| {
+            id != except && b.template == template && b.status == BuildStatus::Building
+        })
+    }
+
+    /// The builds of `template`, newest first.
+    pub fn of_template(&self, template: &str) -> Vec<(String, Build)> {
+        let mut out: Vec<_> = self
+            .lock()
+            .iter()
+            .filter(|(_, b)| b.template == template)
+            .map(|(id, b)| (id.clone(), b.clone()))
+            .collect();
+        out.sort_by_key(|b| std::cmp::Reverse(b.1.created_at));
+        out
+    }
+
+    pub fn set_status(&self, id: &str, status: BuildStatus, reason: Option<FailureReason>) {
+        if let Some(b) = self.lock().get_mut(id) {
+            b.status = status;
+            b.reason = reason;
+        }
+    }
+
+    pub fn log(&self, id: &str, level: &'static str, step: Option<String>, message: &str) {
+        if let Some(b) = self.lock().get_mut(id) {
+            b.entries.push(LogEntry {
+                timestamp: Utc::now(),
+                level,
+                message: message.to_string(),
+                step,
+            });
+        }
+    }
+
+    /// Where the archive for files hash `hash` is kept.
+    pub fn archive_path(&self, hash: &str) -> Option<PathBuf> {
+        is_sha256_hex(hash).then(|| self.files.join(format!("{hash}.tar")))
+    }
+
+    pub fn files_dir(&self) -> &Path {
+        &self.files
+    }
+
+    /// A query string (`expires=…&signature=…`) that authorises one upload
+    /// of `hash` until `UPLOAD_LINK_TTL` from now.
+    pub fn sign_upload(&self, hash: &str) -> String {
+        let expires = unix_now() + UPLOAD_LINK_TTL.as_secs();
+        format!(
+            "expires={expires}&signature={}",
+            self.signature(hash, expires)
+        )
+    }
+
+    /// Checks an upload link's signature and expiry; the error says which.
+    pub fn check_upload(&self, hash: &str, expires: u64, signature: &str) -> Result<(), String> {
+        let given = hex::decode(signature).map_err(|_| "the upload link's signature is not hex")?;
+        self.mac(hash, expires)
+            .verify_slice(&given)
+            .map_err(|_| "the upload link's signature is wrong (ask for a new link)".to_string())?;
+        if unix_now() > expires {
+            return Err("the upload link has expired (ask for a new link)".into());
+        }
+        Ok(())
+    }
+
+    fn mac(&self, hash: &str, expires: u64) -> Hmac<Sha256> {
+        let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&self.secret)
+            .expect("HMAC takes keys of any length");
+        mac.update(format!("upload:{hash}:{expires}").as_bytes());
+        mac
+    }
+
+    fn signature(&self, hash: &str, expires: u64) -> String {
+        hex::encode(self.mac(hash, expires).finalize().into_bytes())
+    }
+}
+
+pub fn is_sha256_hex(s: &str) -> bool {
+    s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn new_build_id() -> String {
+    let mut bytes = [0u8; 16];
+    rand::Rng::fill(&mut rand::thread_rng(), &mut bytes[..]);
+    let h = hex::encode(bytes);
+    // UUID-shaped, as E2B's build ids are.
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..]
+    )
+}
+
+/// Shared by the routes.
+pub type SharedBuilds = Arc<Builds>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn upload_links_verify_and_refuse_tampering() {
+        let b = Builds::new(PathBuf::from("/nonexistent"));
+        let hash = "a".repeat(64);
+        let q = b.sign_upload(&hash);
+        let pairs: HashMap<_, _> = form_urlencoded::parse(q.as_bytes()).into_owned().collect();
+        let expires: u64 = pairs["expires"].parse().unwrap();
+        let sig = &pairs["signature"];
+        assert!(b.check_upload(&hash, expires, sig).is_ok());
+        assert!(b.check_upload(&"b".repeat(64), expires, sig).is_err());
+        assert!(b.check_upload(&hash, expires + 1, sig).is_err());
+        assert!(b.check_upload(&hash, expires, "zz").is_err());
+        let other = Builds::new(PathBuf::from("/nonexistent"));
+        assert!(other.check_upload(&hash, expires, sig).is_err());
+    }
+
+    #[test]
+    fn expired_links_are_refused() {
+        let b = Builds::new(PathBuf::from("/nonexistent"));
+        let hash = "c".repeat(64);
+        let past = unix_now() - 10;
+        let sig = b.signature(&hash, past);
+        let err = b.check_upload(&hash, past, &sig).unwrap_err();
+        assert!(err.contains("expired"), "{err}");
+    }
+
+    #[test]
+    fn archive_paths_only_for_sha256_names() {
+        let b = Builds::new(PathBuf::from("/f"));
+        assert!(b.archive_path("../../etc/passwd").is_none());
+        assert_eq!(
+            b.archive_path(&"d".repeat(64)).unwrap(),
+            PathBuf::from(format!("/f/{}.tar", "d".repeat(64)))
+        );
+    }
+
+    #[test]
+    fn build_ids_are_uuid_shaped_and_distinct() {
+        let (a, b) = (new_build_id(), new_build_id());
+        assert_eq!(a.len(), 36);
+        assert_ne!(a, b);
+    }
+}

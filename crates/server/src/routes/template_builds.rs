@@ -1,0 +1,523 @@
+//! The E2B template build API, as the SDKs' `Template.build` calls it
+//! (`shared/reference/e2b-template-build.md`): create a template and a
+//! build, upload links for COPY files, start the build with its steps, its
+//! status and logs; aliases, get and delete.
+//!
+//! A template's id is its name. Builds start from an existing template
+//! (`fromTemplate`); `fromImage: "e2bdev/base"`, the SDK's default, means
+//! this node's `base` template. Other images are refused until OCI image
+//! sources land.
+
+use axum::body::Body;
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures::TryStreamExt;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use siesta_sandbox::template::{self, BuildSource, Step, StepsBuild};
+use siesta_sandbox::Error;
+use tokio::io::AsyncWriteExt;
+
+use super::{body, AppState};
+use crate::builds::{BuildStatus, FailureReason, MAX_LOG_PAGE};
+use crate::error::ApiError;
+
+/// The image the SDK builds from when none is named (`Template()`,
+/// `from_base_image()`): this node's default template stands in for it.
+const E2B_BASE_IMAGE: &str = "e2bdev/base";
+const DEFAULT_TEMPLATE: &str = "base";
+/// The most a COPY archive may hold.
+const MAX_UPLOAD_BYTES: u64 = 8 << 30;
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NewTemplate {
+    name: Option<String>,
+    alias: Option<String>,
+    #[serde(default)]
+    tags: Vec<String>,
+    cpu_count: Option<u32>,
+    #[serde(rename = "memoryMB")]
+    memory_mb: Option<u32>,
+}
+
+/// `name` or `name:tag` → the template name (tags are not kept apart yet).
+fn template_name(raw: &str) -> Result<String, ApiError> {
+    let name = raw.split(':').next().unwrap_or("");
+    siesta_sandbox::layout::validate_name("template", name)
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e))?;
+    Ok(name.to_string())
+}
+
+/// `POST /v3/templates`: a new build of template `name` (created if new).
+pub async fn create(
+    State(st): State<AppState>,
+    parsed: Result<Json<NewTemplate>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let req = body(parsed)?;
+    let raw = req
+        .name
+        .or(req.alias)
+        .ok_or_else(|| ApiError::new(StatusCode::BAD_REQUEST, "the template needs a name"))?;
+    let name = template_name(&raw)?;
+    if st.builds.is_building(&name, "") {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            format!("template {name:?} is being built already; wait for that build to end"),
+        ));
+    }
+    let build_id = st.builds.create(&name, req.cpu_count, req.memory_mb);
+    let tags = if req.tags.is_empty() {
+        vec!["default".to_string()]
+    } else {
+        req.tags
+    };
+    let out = json!({
+        "templateID": name, "buildID": build_id, "public": false,
+        "names": [name], "aliases": [name], "tags": tags,
+    });
+    Ok((StatusCode::ACCEPTED, Json(out)).into_response())
+}
+
+/// `GET /templates/{id}/files/{hash}`: whether the COPY archive `hash` is
+/// here already; if not, a signed link to upload it to.
+pub async fn files(
+    State(st): State<AppState>,
+    Path((_template, hash)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let path = st.builds.archive_path(&hash).ok_or_else(|| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "the files hash must be 64 hex digits (SHA-256)",
+        )
+    })?;
+    let present = tokio::fs::try_exists(&path).await.unwrap_or(false);
+    let mut out = json!({ "present": present });
+    if !present {
+        let host = headers
+            .get("host")
+            .and_then(|h| h.to_str().ok())
+            .unwrap_or("127.0.0.1");
+        out["url"] = format!(
+            "http://{host}/template-files/{hash}?{}",
+            st.builds.sign_upload(&hash)
+        )
+        .into();
+    }
+    Ok((StatusCode::CREATED, Json(out)).into_response())
+}
+
+#[derive(Deserialize)]
+pub struct UploadQuery {
+    expires: Option<u64>,
+    signature: Option<String>,
+}
+
+/// `PUT /template-files/{hash}?expires&signature`: the upload itself. It
+/// carries no API key (the SDK sends it with a plain client): the signed
+/// link authorises it.
+pub async fn upload(
+    State(st): State<AppState>,
+    Path(hash): Path<String>,
+    Query(q): Query<UploadQuery>,
+    body: Body,
+) -> Result<StatusCode, ApiError> {
+    let forbidden = |m: String| ApiError::new(StatusCode::FORBIDDEN, m);
+    let (Some(expires), Some(signature)) = (q.expires, q.signature) else {
+        return Err(forbidden(
+            "the upload link lacks its expires and signature parameters".into(),
+        ));
+    };
+    let path = st
+        .builds
+        .archive_path(&hash)
+        .ok_or_else(|| ApiError::new(StatusCode::BAD_REQUEST, "bad files hash"))?;
+    st.builds
+        .check_upload(&hash, expires, &signature)
+        .map_err(forbidden)?;
+    let dir = st.builds.files_dir().to_path_buf();
+    tokio::fs::create_dir_all(&dir)
+        .await
+        .map_err(|e| io_err("creating", &dir, e))?;
+    let part = dir.join(format!(".{hash}.{}.part", std::process::id()));
+    let written = receive(body, &part).await;
+    if let Err(e) = written {
+        let _ = tokio::fs::remove_file(&part).await;
+        return Err(e);
+    }
+    tokio::fs::rename(&part, &path)
+        .await
+        .map_err(|e| io_err("storing", &path, e))?;
+    Ok(StatusCode::CREATED)
+}
+
+/// Streams `body` into `part` (synced), refusing more than the limit.
+async fn receive(body: Body, part: &std::path::Path) -> Result<(), ApiError> {
+    let mut file = tokio::fs::File::create(part)
+        .await
+        .map_err(|e| io_err("creating", part, e))?;
+    let mut stream = body.into_data_stream();
+    let mut total = 0u64;
+    while let Some(chunk) = stream
+        .try_next()
+        .await
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("reading the upload: {e}")))?
+    {
+        total += chunk.len() as u64;
+        if total > MAX_UPLOAD_BYTES {
+            return Err(ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!(
+                    "a COPY archive may hold at most {} GiB",
+                    MAX_UPLOAD_BYTES >> 30
+                ),
+            ));
+        }
+        file.write_all(&chunk)
+            .await
+            .map_err(|e| io_err("writing", part, e))?;
+    }
+    file.sync_all()
+        .await
+        .map_err(|e| io_err("syncing", part, e))
+}
+
+fn io_err(what: &str, path: &std::path::Path, e: std::io::Error) -> ApiError {
+    ApiError::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        format!("{what} {}: {e}", path.display()),
+    )
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StartBuild {
+    from_image: Option<String>,
+    from_template: Option<String>,
+    #[serde(default)]
+    force: bool,
+    #[serde(default)]
+    steps: Vec<StepBody>,
+    start_cmd: Option<String>,
+    ready_cmd: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StepBody {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    args: Vec<String>,
+    files_hash: Option<String>,
+    #[serde(default)]
+    force: bool,
+}
+
+/// `POST /v2/templates/{id}/builds/{buildID}`: starts the build.
+pub async fn start(
+    State(st): State<AppState>,
+    Path((template_id, build_id)): Path<(String, String)>,
+    parsed: Result<Json<StartBuild>, JsonRejection>,
+) -> Result<StatusCode, ApiError> {
+    let req = body(parsed)?;
+    let Some(build) = st
+        .builds
+        .get(&build_id)
+        .filter(|b| b.template == template_id)
+    else {
+        return Err(not_found_build(&template_id, &build_id));
+    };
+    if build.status != BuildStatus::Waiting {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            format!("build {build_id} was started already"),
+        ));
+    }
+    if st.builds.is_building(&template_id, &build_id) {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            format!("template {template_id:?} is being built already"),
+        ));
+    }
+    let source = source_of(&req)?;
+    let steps = req
+        .steps
+        .iter()
+        .enumerate()
+        .map(|(i, s)| step_of(&st, i + 1, s))
+        .collect::<Result<Vec<_>, _>>()?;
+    let plan = StepsBuild {
+        name: template_id,
+        source,
+        steps,
+        start_cmd: req.start_cmd.filter(|c| !c.trim().is_empty()),
+        ready_cmd: req.ready_cmd.filter(|c| !c.trim().is_empty()),
+        vcpus: build.vcpus,
+        memory_mib: build.memory_mib,
+        force: req.force || req.steps.iter().any(|s| s.force),
+    };
+    st.builds.set_status(&build_id, BuildStatus::Building, None);
+    tokio::spawn(run(st, build_id, plan));
+    Ok(StatusCode::ACCEPTED)
+}
+
+fn source_of(req: &StartBuild) -> Result<BuildSource, ApiError> {
+    match (&req.from_template, &req.from_image) {
+        (Some(t), _) => Ok(BuildSource::Template(template_name(t)?)),
+        (None, Some(image)) if is_e2b_base(image) => {
+            Ok(BuildSource::Template(DEFAULT_TEMPLATE.into()))
+        }
+        (None, Some(image)) => Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "building from the image {image:?} is not supported on this node yet: \
+                 build from a template (fromTemplate, Template().from_template(\"base\"))"
+            ),
+        )),
+        (None, None) => Ok(BuildSource::Template(DEFAULT_TEMPLATE.into())),
+    }
+}
+
+fn is_e2b_base(image: &str) -> bool {
+    let repo = image.split([':', '@']).next().unwrap_or("");
+    matches!(
+        repo,
+        "e2bdev/base" | "docker.io/e2bdev/base" | "index.docker.io/e2bdev/base"
+    ) || repo == E2B_BASE_IMAGE
+}
+
+fn step_of(st: &AppState, n: usize, s: &StepBody) -> Result<Step, ApiError> {
+    let bad = |m: String| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!("step {n} ({}): {m}", s.kind),
+        )
+    };
+    let arg = |i: usize| s.args.get(i).cloned().filter(|a| !a.is_empty());
+    match s.kind.to_ascii_uppercase().as_str() {
+        "RUN" => Ok(Step::Run {
+            command: arg(0).ok_or_else(|| bad("no command".into()))?,
+            user: arg(1),
+        }),
+        "ENV" => {
+            if !s.args.len().is_multiple_of(2) {
+                return Err(bad("ENV takes name, value pairs".into()));
+            }
+            Ok(Step::Env(
+                s.args
+                    .chunks(2)
+                    .map(|kv| (kv[0].clone(), kv[1].clone()))
+                    .collect(),
+            ))
+        }
+        "WORKDIR" => Ok(Step::Workdir(
+            arg(0).ok_or_else(|| bad("no directory".into()))?,
+        )),
+        "USER" => Ok(Step::User(arg(0).ok_or_else(|| bad("no user".into()))?)),
+        "COPY" | "ADD" => copy_step(st, s).map_err(bad),
+        other => Err(bad(format!(
+            "unknown step type {other:?} (this node runs RUN, COPY, ENV, WORKDIR and USER)"
+        ))),
+    }
+}
+
+fn copy_step(st: &AppState, s: &StepBody) -> Result<Step, String> {
+    let hash = s
+        .files_hash
+        .as_deref()
+        .ok_or("a COPY step needs its filesHash")?;
+    let archive = st
+        .builds
+        .archive_path(hash)
+        .ok_or("filesHash must be 64 hex digits")?;
+    if !archive.exists() {
+        return Err(format!("the files for hash {hash} were not uploaded (GET /templates/{{id}}/files/{hash} gives a link)"));
+    }
+    let dest = s
+        .args
+        .get(1)
+        .cloned()
+        .filter(|d| !d.is_empty())
+        .ok_or("no destination")?;
+    let owner = s.args.get(2).cloned().filter(|o| !o.is_empty());
+    let mode = match s.args.get(3).map(String::as_str).filter(|m| !m.is_empty()) {
+        Some(m) => Some(u32::from_str_radix(m, 8).map_err(|_| format!("mode {m:?} is not octal"))?),
+        None => None,
+    };
+    Ok(Step::Copy {
+        archive,
+        digest: hash.to_string(),
+        dest,
+        owner,
+        mode,
+    })
+}
+
+/// Runs the build in the background and records how it ended.
+async fn run(st: AppState, build_id: String, plan: StepsBuild) {
+    let builds = st.builds.clone();
+    let id = build_id.clone();
+    let log: template::BuildLog = std::sync::Arc::new(move |level, phase, msg| {
+        let level = match level {
+            template::LogLevel::Info => "info",
+            template::LogLevel::Warn => "warn",
+            template::LogLevel::Error => "error",
+        };
+        builds.log(&id, level, Some(phase.to_string()), msg);
+    });
+    match template::build_from_steps(st.manager.node(), &plan, &log).await {
+        Ok(t) => {
+            st.builds.log(
+                &build_id,
+                "info",
+                None,
+                &format!("template {} is ready", t.record.name),
+            );
+            st.builds.set_status(&build_id, BuildStatus::Ready, None);
+        }
+        Err(e) => {
+            let step = match &e {
+                Error::BuildFailed { phase, .. } => Some(phase.to_string()),
+                _ => None,
+            };
+            let message = e.to_string();
+            tracing::warn!(template = %plan.name, build = %build_id, "template build failed: {message}");
+            st.builds.log(&build_id, "error", step.clone(), &message);
+            st.builds.set_status(
+                &build_id,
+                BuildStatus::Error,
+                Some(FailureReason { message, step }),
+            );
+        }
+    }
+}
+
+fn not_found_build(template: &str, build: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        format!("build {build:?} of template {template:?} not found (builds are kept until the server restarts)"),
+    )
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StatusQuery {
+    #[serde(default)]
+    logs_offset: usize,
+    limit: Option<usize>,
+}
+
+/// `GET /templates/{id}/builds/{buildID}/status`.
+pub async fn status(
+    State(st): State<AppState>,
+    Path((template_id, build_id)): Path<(String, String)>,
+    Query(q): Query<StatusQuery>,
+) -> Result<Json<Value>, ApiError> {
+    let Some(build) = st
+        .builds
+        .get(&build_id)
+        .filter(|b| b.template == template_id)
+    else {
+        return Err(not_found_build(&template_id, &build_id));
+    };
+    let limit = q.limit.unwrap_or(MAX_LOG_PAGE).min(MAX_LOG_PAGE);
+    let page: Vec<_> = build
+        .entries
+        .iter()
+        .skip(q.logs_offset)
+        .take(limit)
+        .collect();
+    let mut out = json!({
+        "templateID": template_id, "buildID": build_id,
+        "status": build.status, "logs": [], "logEntries": page,
+    });
+    if let Some(reason) = &build.reason {
+        out["reason"] = json!(reason);
+    }
+    Ok(Json(out))
+}
+
+/// `GET /templates/{id}/builds/{buildID}/logs`.
+pub async fn logs(
+    State(st): State<AppState>,
+    Path((template_id, build_id)): Path<(String, String)>,
+) -> Result<Json<Value>, ApiError> {
+    let Some(build) = st
+        .builds
+        .get(&build_id)
+        .filter(|b| b.template == template_id)
+    else {
+        return Err(not_found_build(&template_id, &build_id));
+    };
+    Ok(Json(json!({ "logs": build.entries })))
+}
+
+/// `GET /templates/aliases/{alias}`: 200 if the template exists, else 404.
+pub async fn alias(
+    State(st): State<AppState>,
+    Path(alias): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let layout = st.manager.node().config.layout();
+    let name = template_name(&alias)?;
+    match template::Template::open(&layout, &name) {
+        Ok(_) => Ok(Json(json!({ "templateID": name, "public": false }))),
+        Err(Error::TemplateNotFound { .. }) => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("template alias {alias:?} not found"),
+        )),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// `GET /templates/{id}`: the template with its builds.
+pub async fn get(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let layout = st.manager.node().config.layout();
+    let name = template_name(&id)?;
+    let t = template::Template::open(&layout, &name)?;
+    let mut out = super::templates::describe(&t);
+    let builds: Vec<Value> = st
+        .builds
+        .of_template(&name)
+        .into_iter()
+        .map(|(id, b)| json!({"buildID": id, "status": b.status, "createdAt": b.created_at, "updatedAt": b.created_at}))
+        .collect();
+    out["builds"] = builds.into();
+    Ok(Json(out))
+}
+
+/// `DELETE /templates/{id}`: a user snapshot (E2B's snapshots are
+/// templates) or a template.
+pub async fn delete(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    let manager = st.manager.clone();
+    let key = id.clone();
+    let deleted = tokio::task::spawn_blocking(move || -> Result<bool, Error> {
+        if manager.delete_snapshot(&key)? {
+            return Ok(true);
+        }
+        match template_name(&key) {
+            Ok(name) => template::delete(&manager.node().config.layout(), &name),
+            Err(_) => Ok(false),
+        }
+    })
+    .await
+    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))??;
+    if deleted {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("template or snapshot {id:?} not found"),
+        ))
+    }
+}
