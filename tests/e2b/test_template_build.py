@@ -157,3 +157,50 @@ def test_upload_links_are_signed(siesta):
     with _api(siesta) as api:
         again = api.get(f"/templates/{template_id}/files/{digest}")
         assert again.json() == {"present": True}
+
+
+def test_dockerfile_build_from_the_cli(siesta, tmp_path):
+    """`siesta template build NAME -f Dockerfile CONTEXT` on the server's
+    home, then a sandbox of it through the SDK."""
+    import subprocess
+
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "app.py").write_text("print('hi from app')\n")
+    (tmp_path / "Dockerfile").write_text(
+        "FROM base\n"
+        "ARG GREETING=hello\n"
+        "ENV APP_HOME=/srv/app\n"
+        "WORKDIR /srv/app\n"
+        "COPY --chown=user:user src/ ./\n"
+        'RUN echo "$GREETING" > greeting.txt && python3 app.py\n'
+        "USER user\n"
+        'CMD ["python3", "-m", "http.server", "8123"]\n'
+    )
+    name = _name("dockerfile")
+    env = dict(os.environ, SIESTA_HOME=str(siesta.home))
+    cmd = [str(siesta.binary), "template", "build", name, "-f", str(tmp_path / "Dockerfile"),
+           "--build-arg", "GREETING=from-cli", "--ready-cmd", "curl -sf localhost:8123 >/dev/null"]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "hi from app" in done.stdout, done.stdout
+    try:
+        sbx = Sandbox.create(name)
+        try:
+            run = sbx.commands.run
+            assert run("cat /srv/app/greeting.txt").stdout.strip() == "from-cli"
+            assert run("stat -c %U /srv/app/app.py").stdout.strip() == "user"
+            assert run("pwd").stdout.strip() == "/srv/app"
+            assert run("whoami").stdout.strip() == "user"
+            assert run("echo $APP_HOME").stdout.strip() == "/srv/app"
+            assert run("curl -s -o /dev/null -w '%{http_code}' localhost:8123").stdout == "200"
+        finally:
+            sbx.kill()
+    finally:
+        subprocess.run([str(siesta.binary), "template", "delete", name], env=env, check=False)
+
+    bad = tmp_path / "Bad"
+    bad.write_text("FROM base\nRUN true\nVOLUME /data\n")
+    done = subprocess.run([str(siesta.binary), "template", "build", "bad", "-f", str(bad)],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert "line 3: VOLUME is not supported" in done.stderr, done.stderr

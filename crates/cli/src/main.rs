@@ -4,6 +4,7 @@
 //! this machine; `sandbox` talks to the running server; `bench` measures.
 
 mod bench;
+mod build_context;
 mod client;
 mod doctor;
 mod repo;

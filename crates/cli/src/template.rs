@@ -1,8 +1,12 @@
 //! `siesta template build|list`.
 
+use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
-use siesta_sandbox::template::{self, BuildOptions};
+use anyhow::Context;
+use siesta_sandbox::template::dockerfile::{self, Instruction};
+use siesta_sandbox::template::{self, BuildOptions, BuildSource, Step, StepsBuild};
 use siesta_sandbox::{Node, NodeConfig};
 
 #[derive(clap::Subcommand)]
@@ -21,9 +25,34 @@ pub enum TemplateCommand {
         /// Do nothing when the template exists.
         #[arg(long)]
         if_missing: bool,
+        /// Build from this Dockerfile (the subset in docs/templates.md):
+        /// FROM names the template to start from.
+        #[arg(short = 'f', long = "file")]
+        file: Option<PathBuf>,
+        /// The build context COPY reads from (default: the Dockerfile's
+        /// directory).
+        context: Option<PathBuf>,
+        /// `NAME=VALUE` for an ARG of the Dockerfile (repeatable).
+        #[arg(long = "build-arg")]
+        build_args: Vec<String>,
+        /// Run until it succeeds after the start command (CMD/ENTRYPOINT)
+        /// before freezing, e.g. `curl -sf localhost:8000`.
+        #[arg(long)]
+        ready_cmd: Option<String>,
+        /// vCPUs of the template's VM (default: the source template's).
+        #[arg(long)]
+        cpus: Option<u32>,
+        /// Memory of the template's VM in MiB (default: the source's).
+        #[arg(long)]
+        memory_mib: Option<u32>,
+        /// `text` (progress lines) or `json` (one JSON object per line).
+        #[arg(long, default_value = "text")]
+        output: String,
     },
     /// List templates.
     List,
+    /// Delete a template (its running sandboxes keep running).
+    Delete { name: String },
 }
 
 pub async fn run(cmd: TemplateCommand) -> anyhow::Result<ExitCode> {
@@ -34,10 +63,31 @@ pub async fn run(cmd: TemplateCommand) -> anyhow::Result<ExitCode> {
             image,
             force,
             if_missing,
+            file,
+            context,
+            build_args,
+            ready_cmd,
+            cpus,
+            memory_mib,
+            output,
         } => {
             // Its own network tag: a build never touches a server's slots.
             config.net_tag = "b".into();
             config.warm_slots = 0;
+            if let Some(file) = file {
+                let req = DockerfileBuild {
+                    name,
+                    file,
+                    context,
+                    build_args,
+                    ready_cmd,
+                    cpus,
+                    memory_mib,
+                    force,
+                    json: parse_output(&output)?,
+                };
+                return build_dockerfile(config, req).await;
+            }
             if if_missing {
                 if let Ok(t) = template::Template::open(&config.layout(), &name) {
                     return complete_existing(config, t).await;
@@ -75,8 +125,145 @@ pub async fn run(cmd: TemplateCommand) -> anyhow::Result<ExitCode> {
             print_built(&t);
         }
         TemplateCommand::List => list(&config)?,
+        TemplateCommand::Delete { name } => {
+            if !template::delete(&config.layout(), &name)? {
+                anyhow::bail!("template {name:?} not found (`siesta template list`)");
+            }
+            println!("deleted template {name}");
+        }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+fn parse_output(output: &str) -> anyhow::Result<bool> {
+    match output {
+        "text" => Ok(false),
+        "json" => Ok(true),
+        other => anyhow::bail!("--output {other:?}: use text or json"),
+    }
+}
+
+/// `siesta template build NAME -f FILE [CONTEXT]`.
+struct DockerfileBuild {
+    name: String,
+    file: PathBuf,
+    context: Option<PathBuf>,
+    build_args: Vec<String>,
+    ready_cmd: Option<String>,
+    cpus: Option<u32>,
+    memory_mib: Option<u32>,
+    force: bool,
+    json: bool,
+}
+
+async fn build_dockerfile(config: NodeConfig, req: DockerfileBuild) -> anyhow::Result<ExitCode> {
+    let plan = plan_dockerfile(&config, &req)?;
+    let node = Node::start(config).await?;
+    let json = req.json;
+    let log: template::BuildLog = std::sync::Arc::new(move |level, phase, msg| {
+        if json {
+            let level = format!("{level:?}").to_lowercase();
+            println!(
+                "{}",
+                serde_json::json!({"step": phase.to_string(), "level": level, "message": msg})
+            );
+        } else {
+            println!("[{phase}] {msg}");
+        }
+    });
+    let built = template::build_from_steps(&node, &plan, &log).await;
+    node.shutdown().await;
+    let t = built?;
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({"template": t.record.name, "status": "ready"})
+        );
+    } else {
+        print_built(&t);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Reads the Dockerfile and archives its COPY sources into build steps.
+fn plan_dockerfile(config: &NodeConfig, req: &DockerfileBuild) -> anyhow::Result<StepsBuild> {
+    let text = std::fs::read_to_string(&req.file)
+        .with_context(|| format!("reading {}", req.file.display()))?;
+    let mut args = BTreeMap::new();
+    for pair in &req.build_args {
+        let (k, v) = pair
+            .split_once('=')
+            .with_context(|| format!("--build-arg {pair:?}: use NAME=VALUE"))?;
+        args.insert(k.to_string(), v.to_string());
+    }
+    let parsed = dockerfile::parse(&text, &args)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", req.file.display()))?;
+    let context = match &req.context {
+        Some(c) => c.clone(),
+        None => req
+            .file
+            .parent()
+            .map_or_else(|| PathBuf::from("."), PathBuf::from),
+    };
+    let context = if context.as_os_str().is_empty() {
+        PathBuf::from(".")
+    } else {
+        context
+    };
+    let files = config.layout().build_files();
+    // As Docker (and E2B's from_dockerfile): root in / first; sandboxes
+    // get E2B's user and home unless the Dockerfile chose its own.
+    let mut steps = vec![Step::User("root".into()), Step::Workdir("/".into())];
+    let sets_user = parsed
+        .instructions
+        .iter()
+        .any(|i| matches!(i, Instruction::User(_)));
+    let sets_workdir = parsed
+        .instructions
+        .iter()
+        .any(|i| matches!(i, Instruction::Workdir(_)));
+    for ins in parsed.instructions {
+        steps.push(match ins {
+            Instruction::Run(command) => Step::Run {
+                command,
+                user: None,
+            },
+            Instruction::Env(pairs) => Step::Env(pairs),
+            Instruction::Workdir(d) => Step::Workdir(d),
+            Instruction::User(u) => Step::User(u),
+            Instruction::Copy(spec) => crate::build_context::copy_step(&context, &spec, &files)?,
+        });
+    }
+    if !sets_user {
+        steps.push(Step::User("user".into()));
+    }
+    if !sets_workdir {
+        steps.push(Step::Workdir("/home/user".into()));
+    }
+    Ok(StepsBuild {
+        name: req.name.clone(),
+        source: BuildSource::Template(source_template(&parsed.from)?),
+        steps,
+        start_cmd: parsed.start_cmd,
+        ready_cmd: req.ready_cmd.clone(),
+        vcpus: req.cpus,
+        memory_mib: req.memory_mib,
+        force: req.force,
+    })
+}
+
+/// `FROM`: a template of this node; E2B's base image means `base`.
+fn source_template(from: &str) -> anyhow::Result<String> {
+    let repo = from.split([':', '@']).next().unwrap_or("");
+    if matches!(repo, "e2bdev/base" | "docker.io/e2bdev/base") {
+        return Ok("base".into());
+    }
+    if from.contains('/') || from.contains(':') {
+        anyhow::bail!(
+            "FROM {from}: building from OCI images is not supported yet; FROM names a template of this node (`siesta template list`)"
+        );
+    }
+    Ok(from.to_string())
 }
 
 fn print_built(t: &template::Template) {

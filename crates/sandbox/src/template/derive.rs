@@ -224,6 +224,12 @@ async fn run_step(
     phase: &BuildPhase,
     log: &BuildLog,
 ) -> Result<()> {
+    // The build's own commands (mkdir, useradd, unpacking) run in `/`: the
+    // working directory may not exist yet.
+    let in_root = StepContext {
+        workdir: "/".into(),
+        ..ctx.clone()
+    };
     match step {
         Step::Run { command, user } => {
             let user = user.clone().unwrap_or_else(|| ctx.user.clone());
@@ -240,7 +246,7 @@ async fn run_step(
                 d = quote(&dir),
                 u = quote(&ctx.user)
             );
-            shell(client, ctx, "root", &script, phase, log).await?;
+            shell(client, &in_root, "root", &script, phase, log).await?;
             ctx.workdir = dir;
             Ok(())
         }
@@ -249,12 +255,13 @@ async fn run_step(
                 "id -u {u} >/dev/null 2>&1 || useradd -m -s /bin/bash {u}",
                 u = quote(name)
             );
-            shell(client, ctx, "root", &script, phase, log).await?;
+            shell(client, &in_root, "root", &script, phase, log).await?;
             ctx.user = name.clone();
             Ok(())
         }
         Step::Copy {
             archive,
+            sources,
             digest,
             dest,
             owner,
@@ -270,42 +277,64 @@ async fn run_step(
             let mode = mode.map(|m| format!("{m:o}")).unwrap_or_default();
             let script = copy_script(
                 &guest_archive,
+                sources,
                 &ctx.resolve(dest),
                 dest.ends_with('/'),
                 &owner,
                 &mode,
             );
-            shell(client, ctx, "root", &script, phase, log).await
+            shell(client, &in_root, "root", &script, phase, log).await
         }
     }
 }
 
-/// Unpacks the archive in a scratch directory and copies what it holds to
-/// `dest` as Docker's COPY does: a directory's contents go into `dest`;
-/// several entries, or a `dest` ending in `/` or naming a directory, go
-/// into `dest`; a single file otherwise becomes `dest`. Only what was copied
-/// (and `dest` itself when the COPY created it) gets `owner` and `mode`.
-fn copy_script(archive: &str, dest: &str, into_dir: bool, owner: &str, mode: &str) -> String {
+/// Unpacks the archive in a scratch directory and copies what `sources`
+/// match there to `dest` as Docker's COPY does: a directory's contents go
+/// into `dest`; with several matches, or a `dest` ending in `/` or naming a
+/// directory, files go into `dest`; a single file otherwise becomes `dest`.
+/// Only what was copied (and `dest` itself when the COPY created it) gets
+/// `owner` and `mode`.
+fn copy_script(
+    archive: &str,
+    sources: &[String],
+    dest: &str,
+    into_dir: bool,
+    owner: &str,
+    mode: &str,
+) -> String {
+    let patterns: Vec<String> = sources
+        .iter()
+        .map(|s| quote(s.trim_start_matches("./")))
+        .collect();
     format!(
         r#"set -e
 archive={archive}; dest={dest}; owner={owner}; mode={mode}
+patterns=({patterns})
 ctx="$archive.d"; rm -rf "$ctx"; mkdir -p "$ctx"
 tar -xf "$archive" -C "$ctx" --no-same-owner
-existed=0; [ -e "$dest" ] || [ -L "$dest" ] && existed=1
+existed=0; if [ -e "$dest" ] || [ -L "$dest" ]; then existed=1; fi
 cd "$ctx"
-shopt -s nullglob dotglob
-entries=(*)
+shopt -s dotglob
+entries=()
+for p in "${{patterns[@]}}"; do
+  # (no process substitution: a minimal guest may lack /dev/fd)
+  list=$(compgen -G "$p" || true)
+  m=(); [ -z "$list" ] || mapfile -t m <<< "$list"
+  if [ ${{#m[@]}} -eq 0 ]; then echo "COPY: nothing in the build context matches $p" >&2; exit 1; fi
+  entries+=("${{m[@]}}")
+done
 into={into}
 [ ${{#entries[@]}} -gt 1 ] && into=1
 [ -d "$dest" ] && into=1
 targets=()
 for e in "${{entries[@]}}"; do
-  if [ -d "$e" ] && [ ! -L "$e" ] && [ ${{#entries[@]}} -eq 1 ]; then
+  e="${{e%/}}"
+  if [ -d "$e" ] && [ ! -L "$e" ]; then
     mkdir -p "$dest"
     for c in "$e"/*; do targets+=("$dest/${{c##*/}}"); done
     cp -a "$e"/. "$dest"/
   elif [ $into = 1 ]; then
-    mkdir -p "$dest"; cp -a "$e" "$dest"/; targets+=("$dest/$e")
+    mkdir -p "$dest"; cp -a "$e" "$dest"/; targets+=("$dest/${{e##*/}}")
   else
     mkdir -p "$(dirname "$dest")"; cp -a "$e" "$dest"; targets+=("$dest")
   fi
@@ -322,6 +351,7 @@ cd /; rm -rf "$ctx" "$archive""#,
         dest = quote(dest),
         owner = quote(owner),
         mode = quote(mode),
+        patterns = patterns.join(" "),
         into = u8::from(into_dir),
     )
 }
@@ -419,12 +449,7 @@ async fn shell(
     phase: &BuildPhase,
     log: &BuildLog,
 ) -> Result<()> {
-    let mut opts = options(ctx, user);
-    if user == "root" {
-        // Root's own steps (mkdir, useradd, unpacking) may run before the
-        // working directory exists.
-        opts.cwd = Some("/".into());
-    }
+    let opts = options(ctx, user);
     let mut pending = String::new();
     let out = client
         .run_with("/bin/bash", &["-l", "-c", script], &opts, |_, bytes| {
@@ -439,8 +464,13 @@ async fn shell(
         log(LogLevel::Info, phase, pending.trim_end());
     }
     if out.exit_code != 0 {
+        let what = if script.contains('\n') {
+            format!("{} (as {user})", phase_label(phase))
+        } else {
+            format!("`{}` (as {user})", first_line(script))
+        };
         return Err(Error::Command {
-            what: format!("`{}` (as {user})", first_line(script)),
+            what,
             detail: format!(
                 "exit code {}: {}",
                 out.exit_code,
@@ -449,6 +479,13 @@ async fn shell(
         });
     }
     Ok(())
+}
+
+fn phase_label(phase: &BuildPhase) -> String {
+    match phase {
+        BuildPhase::Step(n) => format!("step {n}"),
+        other => other.to_string(),
+    }
 }
 
 fn first_line(s: &str) -> &str {

@@ -3,6 +3,7 @@
 
 mod build;
 mod derive;
+pub mod dockerfile;
 mod manifest;
 mod publish;
 pub mod record;

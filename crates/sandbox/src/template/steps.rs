@@ -28,10 +28,13 @@ pub enum Step {
         command: String,
         user: Option<String>,
     },
-    /// Unpacks a tar archive (gzip or plain) of files from the build
-    /// context at `dest`; relative `dest` is under the working directory.
+    /// Copies what `sources` (paths or globs relative to the archive's
+    /// root, which is the build context) match in a tar archive (gzip or
+    /// plain) to `dest`, as Docker's COPY does; relative `dest` is under the
+    /// working directory.
     Copy {
         archive: PathBuf,
+        sources: Vec<String>,
         /// The archive's SHA-256: what the cache key covers.
         digest: String,
         dest: String,
@@ -57,7 +60,7 @@ impl Step {
                 Some(u) => format!("RUN (as {u}) {command}"),
                 None => format!("RUN {command}"),
             },
-            Step::Copy { dest, .. } => format!("COPY -> {dest}"),
+            Step::Copy { sources, dest, .. } => format!("COPY {} {dest}", sources.join(" ")),
             Step::Env(pairs) => {
                 let names: Vec<&str> = pairs.iter().map(|(k, _)| k.as_str()).collect();
                 format!("ENV {}", names.join(" "))
@@ -107,11 +110,12 @@ impl StepsBuild {
             .map(|s| match s {
                 Step::Copy {
                     digest,
+                    sources,
                     dest,
                     owner,
                     mode,
                     ..
-                } => serde_json::json!(["COPY", digest, dest, owner, mode]),
+                } => serde_json::json!(["COPY", digest, sources, dest, owner, mode]),
                 other => serde_json::to_value(other).unwrap_or_default(),
             })
             .collect();
@@ -178,6 +182,7 @@ mod tests {
     fn copy(archive: &str, digest: &str) -> Step {
         Step::Copy {
             archive: archive.into(),
+            sources: vec!["app".into()],
             digest: digest.into(),
             dest: "/app".into(),
             owner: None,

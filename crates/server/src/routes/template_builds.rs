@@ -338,6 +338,12 @@ fn copy_step(st: &AppState, s: &StepBody) -> Result<Step, String> {
     if !archive.exists() {
         return Err(format!("the files for hash {hash} were not uploaded (GET /templates/{{id}}/files/{hash} gives a link)"));
     }
+    let source = s
+        .args
+        .first()
+        .cloned()
+        .filter(|d| !d.is_empty())
+        .ok_or("no source")?;
     let dest = s
         .args
         .get(1)
@@ -351,6 +357,7 @@ fn copy_step(st: &AppState, s: &StepBody) -> Result<Step, String> {
     };
     Ok(Step::Copy {
         archive,
+        sources: vec![source],
         digest: hash.to_string(),
         dest,
         owner,
