@@ -1,7 +1,7 @@
 """Pause and resume (connect) with files and processes intact."""
 
 import pytest
-from e2b import Sandbox, SandboxState
+from e2b import Sandbox, SandboxState, TimeoutException
 
 # Command lines of every process in the guest, one a line (no procps needed).
 PROCESSES = "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null | sed 's/ $//'; echo; done"
@@ -43,13 +43,40 @@ def test_pause_then_resume_keeps_files_and_processes(paused_box):
     assert box.files.read("/home/user/state.txt") == "persist-me"
 
 
-def test_envd_request_resumes_a_paused_sandbox(paused_box):
+def test_envd_request_does_not_wake_a_sandbox_without_auto_resume(paused_box):
     box = paused_box
     if Sandbox.get_info(box.sandbox_id).state != SandboxState.PAUSED:
         assert box.pause() is True
-    # No connect: the front door resumes it for the request.
-    assert box.files.read("/home/user/state.txt") == "persist-me"
-    assert Sandbox.get_info(box.sandbox_id).state == SandboxState.RUNNING
+    # is_running() goes through the front door: it must not resume it.
+    assert box.is_running() is False
+    with pytest.raises(Exception) as err:
+        box.files.read("/home/user/state.txt")
+    assert "paused" in str(err.value).lower(), err.value
+    assert Sandbox.get_info(box.sandbox_id).state == SandboxState.PAUSED
+
+
+def test_envd_request_resumes_a_sandbox_with_auto_resume(siesta):
+    box = Sandbox.create(
+        template="base", timeout=600, lifecycle={"on_timeout": "pause", "auto_resume": True}
+    )
+    try:
+        box.files.write("/home/user/state.txt", "wake-me")
+        assert box.pause() is True
+        assert Sandbox.get_info(box.sandbox_id).state == SandboxState.PAUSED
+        # No connect: the front door resumes it for the request.
+        assert box.files.read("/home/user/state.txt") == "wake-me"
+        assert Sandbox.get_info(box.sandbox_id).state == SandboxState.RUNNING
+    finally:
+        Sandbox.kill(box.sandbox_id)
+
+
+def test_a_running_command_ends_when_its_sandbox_is_killed(siesta):
+    box = Sandbox.create(template="base", timeout=600)
+    cmd = box.commands.run("sleep 60", background=True)
+    box.kill()
+    with pytest.raises(TimeoutException) as err:
+        cmd.wait()
+    assert "sandbox was killed" in str(err.value), err.value
 
 
 def test_connect_to_a_running_sandbox(paused_box):

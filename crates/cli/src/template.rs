@@ -172,8 +172,17 @@ async fn build_dockerfile(config: NodeConfig, req: DockerfileBuild) -> anyhow::R
         }
     });
     let built = template::build_from_steps(&node, &plan, &log).await;
+    let manifest = match (&built, node.config.record_manifest) {
+        (Ok(t), true) if t.snapshot.as_ref().is_some_and(|s| s.manifest.is_none()) => {
+            Some(template::record_startup_manifest(&node, t).await)
+        }
+        _ => None,
+    };
     node.shutdown().await;
     let t = built?;
+    if let Some(Err(e)) = manifest {
+        eprintln!("siesta: startup manifest not recorded (resumes will not prefetch): {e}");
+    }
     if json {
         println!(
             "{}",

@@ -493,6 +493,7 @@ pub(crate) fn running(r: Resumed) -> Running {
 
 pub(crate) async fn stop_running(node: &Node, sb: &mut Sandbox) {
     if let Some(mut r) = sb.running.take() {
+        node.announce_stopped(&sb.record.id);
         if let Err(e) = r.vm.shutdown().await {
             tracing::warn!(sandbox = %sb.record.id, "stopping VMM: {e}");
         }

@@ -22,6 +22,10 @@ pub struct Node {
     pub net: SlotPool,
     /// Startup-manifest prefetch, shared by every resume on this node.
     pub prefetch: crate::memory_prefetch::MemoryPrefetch,
+    /// Announces the id of each sandbox whose VM stops (pause, kill,
+    /// death), so whoever streams to it (the front door) can end at once
+    /// instead of waiting on a guest that will never answer.
+    stopped: tokio::sync::broadcast::Sender<String>,
 }
 
 impl Node {
@@ -67,7 +71,18 @@ impl Node {
             vmm: Arc::new(vmm),
             net,
             prefetch,
+            stopped: tokio::sync::broadcast::channel(256).0,
         }))
+    }
+
+    /// Ids of sandboxes whose VM stopped, from now on.
+    pub fn subscribe_stopped(&self) -> tokio::sync::broadcast::Receiver<String> {
+        self.stopped.subscribe()
+    }
+
+    pub(crate) fn announce_stopped(&self, id: &str) {
+        // No receiver is fine: nothing streams to it.
+        let _ = self.stopped.send(id.to_string());
     }
 
     /// Releases every network slot this node created.

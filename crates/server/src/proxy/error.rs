@@ -67,7 +67,8 @@ impl IntoResponse for ProxyError {
         // probes with /health); a broken guest or failed resume is ours.
         match &self {
             ProxyError::Target {
-                source: TargetError::NotFound { .. } | TargetError::Dead { .. },
+                source:
+                    TargetError::NotFound { .. } | TargetError::Dead { .. } | TargetError::Paused { .. },
                 ..
             }
             | ProxyError::PortNotOpen { .. }

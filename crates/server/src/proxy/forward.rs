@@ -78,6 +78,57 @@ pub async fn forward(
     Ok(resp.map(Body::new))
 }
 
+/// Cuts `resp`'s body off with an error when sandbox `id` stops (its id
+/// arrives on `stopped`): the client's connection breaks mid-stream, as it
+/// would had it talked to the guest directly, instead of hanging on a VM
+/// that is gone. The SDK then probes the sandbox and reports it killed.
+pub fn end_when_stopped(
+    resp: Response<Body>,
+    id: String,
+    mut stopped: tokio::sync::broadcast::Receiver<String>,
+) -> Response<Body> {
+    use futures::StreamExt;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    // A response of known length is not a stream left hanging; keep it as
+    // it is (its Content-Length, a body-less 204 or 304).
+    if resp.headers().contains_key(header::CONTENT_LENGTH)
+        || matches!(
+            resp.status(),
+            StatusCode::NO_CONTENT | StatusCode::NOT_MODIFIED | StatusCode::SWITCHING_PROTOCOLS
+        )
+    {
+        return resp;
+    }
+    let fired = Arc::new(AtomicBool::new(false));
+    let flag = fired.clone();
+    let stop = async move {
+        loop {
+            match stopped.recv().await {
+                Ok(s) if s == id => break,
+                Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                // No announcer: wait for the body to end by itself.
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => {
+                    futures::future::pending::<()>().await
+                }
+            }
+        }
+        flag.store(true, Ordering::SeqCst);
+    };
+    let (parts, body) = resp.into_parts();
+    let data = body
+        .into_data_stream()
+        .map(|r| r.map_err(std::io::Error::other))
+        .take_until(Box::pin(stop));
+    let cut = futures::stream::once(async move { fired.load(Ordering::SeqCst) }).filter_map(
+        |fired| async move {
+            fired.then(|| Err(std::io::Error::other("the sandbox stopped while streaming")))
+        },
+    );
+    Response::from_parts(parts, Body::from_stream(data.chain(cut)))
+}
+
 /// Makes a server-side request fit to send to the guest: origin-form URI,
 /// HTTP/1.1, a Host header, no hop-by-hop headers.
 fn prepare_request(

@@ -1,7 +1,9 @@
 //! The envd front door: requests for a sandbox (by `E2b-Sandbox-Id` header
 //! or `{port}-{sandboxID}.{domain}` host, see [`route`]) are forwarded to
 //! that sandbox's port, streaming both ways ([`forward`]); a paused sandbox
-//! is resumed first ([`target`]). Every other request goes on to the control
+//! is resumed first when it asked for auto-resume ([`target`]); a response
+//! still streaming when its sandbox stops is cut off, so the client sees
+//! the connection drop at once. Every other request goes on to the control
 //! API. The agent in the guest checks `X-Access-Token` itself.
 
 mod error;
@@ -56,5 +58,7 @@ async fn proxy(
             id: route.sandbox_id.clone(),
             source,
         })?;
-    forward::forward(&route.sandbox_id, SocketAddr::new(ip, route.port), req).await
+    let stopped = targets.stopped();
+    let resp = forward::forward(&route.sandbox_id, SocketAddr::new(ip, route.port), req).await?;
+    Ok(forward::end_when_stopped(resp, route.sandbox_id, stopped))
 }

@@ -1,5 +1,5 @@
 //! Where a sandbox is: the address at which this host reaches it, resuming
-//! it first when it is paused (auto-resume).
+//! it first when it is paused and asked for that (E2B's `autoResume`).
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -21,6 +21,10 @@ pub enum TargetError {
     Dead { id: String },
     #[error("The sandbox {id} is not reachable: {detail}")]
     Unavailable { id: String, detail: String },
+    /// Paused without auto-resume: traffic does not wake it. The SDK's
+    /// `is_running()` reads the 502 as "not running", which it is.
+    #[error("The sandbox {id} was not found running: it is paused (Sandbox.connect() resumes it; create it with auto-resume to resume on traffic)")]
+    Paused { id: String },
 }
 
 /// Looks sandboxes up for the proxy.
@@ -29,6 +33,12 @@ pub trait SandboxTargets: Send + Sync + 'static {
     /// The IP address of running sandbox `id` (every port on it reaches the
     /// guest), after resuming it if it was paused.
     async fn address(&self, id: &str) -> Result<IpAddr, TargetError>;
+
+    /// Ids of sandboxes whose VM stops from now on: streams to them end
+    /// when theirs does. By default nothing ever stops.
+    fn stopped(&self) -> tokio::sync::broadcast::Receiver<String> {
+        tokio::sync::broadcast::channel(1).1
+    }
 }
 
 /// The node's sandboxes, through its manager.
@@ -48,6 +58,9 @@ impl SandboxTargets for ManagerTargets {
             };
             if info.state == SandboxState::Dead {
                 return Err(TargetError::Dead { id: id.to_string() });
+            }
+            if info.state == SandboxState::Paused && !info.lifecycle.auto_resume {
+                return Err(TargetError::Paused { id: id.to_string() });
             }
             if info.state == SandboxState::Paused {
                 tracing::info!(
@@ -69,6 +82,10 @@ impl SandboxTargets for ManagerTargets {
             return running_address(id, info.agent_addr);
         }
         Err(unavailable(id, "its state keeps changing"))
+    }
+
+    fn stopped(&self) -> tokio::sync::broadcast::Receiver<String> {
+        self.0.node().subscribe_stopped()
     }
 }
 

@@ -379,6 +379,7 @@ async fn run(st: AppState, build_id: String, plan: StepsBuild) {
     });
     match template::build_from_steps(st.manager.node(), &plan, &log).await {
         Ok(t) => {
+            record_manifest(&st, &build_id, &t).await;
             st.builds.log(
                 &build_id,
                 "info",
@@ -402,6 +403,25 @@ async fn run(st: AppState, build_id: String, plan: StepsBuild) {
             );
         }
     }
+}
+
+/// Records the new template's startup manifest (what its resumes
+/// prefetch); a template without one still works, only slower to resume.
+async fn record_manifest(st: &AppState, build_id: &str, t: &template::Template) {
+    let node = st.manager.node();
+    if !node.config.record_manifest || t.snapshot.as_ref().is_some_and(|s| s.manifest.is_some()) {
+        return;
+    }
+    let line = match template::record_startup_manifest(node, t).await {
+        Ok(m) => format!(
+            "startup manifest: {:.1} MiB in {} ranges",
+            m.bytes as f64 / 1048576.0,
+            m.ranges
+        ),
+        Err(e) => format!("startup manifest not recorded (resumes will not prefetch): {e}"),
+    };
+    st.builds
+        .log(build_id, "info", Some("finalize".into()), &line);
 }
 
 fn not_found_build(template: &str, build: &str) -> ApiError {
