@@ -85,3 +85,32 @@ def test_watch_dir_sees_a_create(sbx):
         ), events
     finally:
         handle.stop()
+
+
+def test_signed_urls_of_a_secure_sandbox_need_no_header(siesta):
+    """download_url/upload_url name no sandbox; the front door finds it by
+    the signature, and the agent checks the signature and its expiry."""
+    import httpx
+    from e2b import Sandbox
+
+    box = Sandbox.create(template="base", secure=True, timeout=120)
+    try:
+        box.files.write(f"{HOME}/signed.txt", "signed content")
+        with httpx.Client(timeout=30) as plain:  # no headers, as curl would
+            got = plain.get(box.download_url(f"{HOME}/signed.txt", "user"))
+            assert got.status_code == 200, got.text
+            assert got.text == "signed content"
+            got = plain.get(box.download_url(f"{HOME}/signed.txt", "user", 120))
+            assert got.text == "signed content"
+            expired = plain.get(box.download_url(f"{HOME}/signed.txt", "user", -120))
+            assert expired.status_code == 401
+            assert expired.json() == {"code": 401, "message": "signature is already expired"}
+            # Signed for another path: no sandbox matches, nothing is served.
+            url = box.download_url(f"{HOME}/signed.txt", "user").replace("signed.txt", "other.txt")
+            assert plain.get(url).status_code == 404
+            up = plain.post(box.upload_url(f"{HOME}/uploaded.txt", "user"),
+                            files={"file": ("uploaded.txt", b"via upload url")})
+            assert up.status_code == 200, up.text
+        assert box.files.read(f"{HOME}/uploaded.txt") == "via upload url"
+    finally:
+        box.kill()

@@ -29,3 +29,27 @@ pub const ENVD_VERSION: &str = "0.6.4";
 
 /// The TCP port envd listens on inside every guest.
 pub const ENVD_PORT: u16 = 49983;
+
+/// The signature of a signed `/files` URL (`download_url`/`upload_url` of a
+/// secure sandbox, `e2b/sandbox/signature.py`): `v1_` + unpadded base64 of
+/// SHA-256 over `{path}:{operation}:{user}:{token}[:{expiration}]`, where
+/// `operation` is `read` or `write` and `user` is empty for the default.
+pub fn file_signature(
+    path: &str,
+    operation: &str,
+    user: &str,
+    token: &str,
+    expiration: Option<i64>,
+) -> String {
+    use base64::Engine;
+    use sha2::{Digest, Sha256};
+    let mut text = format!("{path}:{operation}:{user}:{token}");
+    if let Some(exp) = expiration {
+        text.push_str(&format!(":{exp}"));
+    }
+    let digest = Sha256::digest(text.as_bytes());
+    format!(
+        "v1_{}",
+        base64::engine::general_purpose::STANDARD_NO_PAD.encode(digest)
+    )
+}

@@ -5,32 +5,11 @@
 //! template build has no token yet.
 
 use axum::http::HeaderMap;
-use base64::Engine;
-use sha2::{Digest, Sha256};
 
 use super::HttpError;
 use crate::auth::{constant_time_eq, ACCESS_TOKEN_HEADER};
 
-/// The signature the SDK puts in a signed URL (`e2b/sandbox/signature.py`):
-/// `v1_` + unpadded base64 of SHA-256 over
-/// `{path}:{operation}:{user}:{token}[:{expiration}]`.
-pub fn signature(
-    path: &str,
-    operation: &str,
-    user: &str,
-    token: &str,
-    expiration: Option<i64>,
-) -> String {
-    let mut text = format!("{path}:{operation}:{user}:{token}");
-    if let Some(exp) = expiration {
-        text.push_str(&format!(":{exp}"));
-    }
-    let digest = Sha256::digest(text.as_bytes());
-    format!(
-        "v1_{}",
-        base64::engine::general_purpose::STANDARD_NO_PAD.encode(digest)
-    )
-}
+pub use siesta_envd_proto::file_signature as signature;
 
 /// What a `/files` request presents, taken from its query.
 pub struct FileAccess<'a> {
@@ -73,7 +52,7 @@ pub fn authorize(
             .map(|d| d.as_secs() as i64)
             .unwrap_or(0);
         if exp < now {
-            return Err(HttpError::unauthorized("signature expired"));
+            return Err(HttpError::unauthorized("signature is already expired"));
         }
     }
     let want = signature(

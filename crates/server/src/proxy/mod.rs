@@ -9,6 +9,7 @@
 mod error;
 mod forward;
 mod route;
+mod signed;
 mod target;
 mod upgrade;
 
@@ -24,6 +25,7 @@ pub use error::ProxyError;
 pub use route::{
     route_of, route_of_host, Route, ENVD_PORT, SANDBOX_ID_HEADER, SANDBOX_PORT_HEADER,
 };
+pub use signed::SignedFiles;
 pub use target::{ManagerTargets, SandboxTargets, TargetError};
 
 /// Puts the proxy in front of `app`: sandbox requests never reach it.
@@ -37,13 +39,38 @@ async fn dispatch(
     next: Next,
 ) -> Response {
     match route_of(req.headers(), req.uri()) {
-        Ok(None) => next.run(req).await,
+        Ok(None) => match signed_route(
+            targets.as_ref(),
+            signed::SignedFiles::of(req.method(), req.uri()),
+        )
+        .await
+        {
+            Some(route) => match proxy(targets.as_ref(), route, req).await {
+                Ok(resp) => resp,
+                Err(e) => e.into_response(),
+            },
+            None => next.run(req).await,
+        },
         Ok(Some(route)) => match proxy(targets.as_ref(), route, req).await {
             Ok(resp) => resp,
             Err(e) => e.into_response(),
         },
         Err(e) => ProxyError::from(e).into_response(),
     }
+}
+
+/// The envd route of a signed `/files` URL that names no sandbox (see
+/// [`signed`]).
+async fn signed_route(
+    targets: &dyn SandboxTargets,
+    signed: Option<signed::SignedFiles>,
+) -> Option<Route> {
+    let signed = signed?;
+    let sandbox_id = targets.signed_by(&signed).await?;
+    Some(Route {
+        sandbox_id,
+        port: ENVD_PORT,
+    })
 }
 
 async fn proxy(

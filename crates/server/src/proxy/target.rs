@@ -39,6 +39,12 @@ pub trait SandboxTargets: Send + Sync + 'static {
     fn stopped(&self) -> tokio::sync::broadcast::Receiver<String> {
         tokio::sync::broadcast::channel(1).1
     }
+
+    /// The sandbox whose access token made `signed` (a signed file URL
+    /// that names no sandbox). By default none.
+    async fn signed_by(&self, _signed: &super::SignedFiles) -> Option<String> {
+        None
+    }
 }
 
 /// The node's sandboxes, through its manager.
@@ -86,6 +92,17 @@ impl SandboxTargets for ManagerTargets {
 
     fn stopped(&self) -> tokio::sync::broadcast::Receiver<String> {
         self.0.node().subscribe_stopped()
+    }
+
+    async fn signed_by(&self, signed: &super::SignedFiles) -> Option<String> {
+        // One SHA-256 per live sandbox: cheap next to the request itself.
+        self.0
+            .list()
+            .await
+            .into_iter()
+            .filter(|s| s.state != SandboxState::Dead)
+            .find(|s| signed.signed_with(&s.access_token))
+            .map(|s| s.id)
     }
 }
 
