@@ -100,3 +100,19 @@ def test_kill_true_then_false(siesta):
     box = Sandbox.create(template="base", timeout=120)
     assert box.kill() is True
     assert Sandbox.kill(box.sandbox_id) is False
+
+
+def test_metrics_keep_their_time_range(sbx):
+    import datetime
+
+    start = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(seconds=2)
+    now = sbx.get_metrics()
+    assert len(now) == 1 and now[0].mem_total > 0, now
+    ranged = sbx.get_metrics(start=start, end=datetime.datetime.now(datetime.timezone.utc))
+    assert ranged, "a range that ends now holds the samples taken in it"
+    for m in ranged:
+        assert m.timestamp >= start.replace(microsecond=0)
+    before = sbx.get_metrics(
+        start=start - datetime.timedelta(hours=1), end=start - datetime.timedelta(minutes=30)
+    )
+    assert before == [], "nothing was sampled before the sandbox existed"

@@ -11,6 +11,7 @@ mod error;
 mod metrics;
 pub mod proxy;
 mod routes;
+mod sandbox_metrics;
 
 pub use api_key::{is_e2b_shaped, load_or_create_api_keys, ApiKeys};
 pub use metrics::Metrics;
@@ -37,6 +38,7 @@ pub async fn serve(
         api_keys,
         metrics: Arc::new(Metrics::default()),
         builds: Arc::new(builds::Builds::new(files)),
+        sandbox_metrics: Arc::default(),
     };
     let app = proxy::front(router(state), targets);
     axum::serve(listener, app)

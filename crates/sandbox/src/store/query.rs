@@ -34,7 +34,8 @@ pub struct ListQuery {
     /// Every pair must be present in the sandbox's metadata.
     pub metadata: Vec<(String, String)>,
     pub template: Option<String>,
-    /// Started (created or last resumed) strictly after this instant.
+    /// Started (created or last resumed) at or after this instant: a
+    /// sandbox's own `started_at` finds it (E2B's `startedAfter`).
     pub started_after: Option<DateTime<Utc>>,
     pub order: SortOrder,
     /// Rows per page: default [`DEFAULT_LIMIT`], at most [`MAX_LIMIT`].
@@ -125,7 +126,7 @@ fn build_sql(q: &ListQuery, cursor: Option<&Cursor>, fetch: u32) -> (String, Vec
         params.push(Value::Text(t.clone()));
     }
     if let Some(after) = q.started_after {
-        wheres.push("s.started_us > ?".into());
+        wheres.push("s.started_us >= ?".into());
         params.push(Value::Integer(after.timestamp_micros()));
     }
     let (cmp, dir) = match q.order {

@@ -116,11 +116,16 @@ fn filters_by_state_template_and_start() {
         ..Default::default()
     };
     assert_eq!(q(other), "d");
-    let after = ListQuery {
+    let at = ListQuery {
         started_after: Some(t(10)),
         ..Default::default()
     };
-    assert_eq!(q(after), "b,d,c", "strictly after");
+    assert_eq!(q(at), "a,b,d,c", "a sandbox's own start time finds it");
+    let after = ListQuery {
+        started_after: Some(t(11)),
+        ..Default::default()
+    };
+    assert_eq!(q(after), "b,d,c");
 }
 
 #[test]

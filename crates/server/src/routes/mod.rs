@@ -38,6 +38,7 @@ pub struct AppState {
     pub api_keys: crate::ApiKeys,
     pub metrics: Arc<Metrics>,
     pub builds: crate::builds::SharedBuilds,
+    pub sandbox_metrics: Arc<crate::sandbox_metrics::SandboxMetrics>,
 }
 
 pub fn router(state: AppState) -> Router {

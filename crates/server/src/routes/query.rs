@@ -39,8 +39,9 @@ pub fn parse(raw: Option<&str>, default_states: &[SandboxState]) -> Result<ListQ
         q.started_after = Some(at.with_timezone(&chrono::Utc));
     }
     q.order = match params.get("order").map(String::as_str) {
-        None | Some("") | Some("asc") => SortOrder::Asc,
-        Some("desc") => SortOrder::Desc,
+        // E2B lists the newest first unless asked otherwise.
+        None | Some("") | Some("desc") => SortOrder::Desc,
+        Some("asc") => SortOrder::Asc,
         Some(o) => return Err(bad(format!("order {o:?}: use asc or desc"))),
     };
     if let Some(l) = params.get("limit").filter(|s| !s.is_empty()) {
@@ -120,6 +121,11 @@ mod tests {
         assert_eq!(q.order, SortOrder::Desc);
         let q = parse(None, LIVE).unwrap();
         assert_eq!(q.states, LIVE.to_vec());
+        assert_eq!(q.order, SortOrder::Desc, "newest first by default");
+        assert_eq!(
+            parse(Some("order=asc"), LIVE).unwrap().order,
+            SortOrder::Asc
+        );
         let q = parse(Some("startedAfter=2026-12-02T10%3A00%3A00%2B01%3A00"), LIVE).unwrap();
         assert_eq!(
             q.started_after.unwrap().to_rfc3339(),

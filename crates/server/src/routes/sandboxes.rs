@@ -139,6 +139,7 @@ pub async fn kill(
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
     st.manager.kill(&id).await?;
+    st.sandbox_metrics.forget(&id);
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -216,31 +217,47 @@ pub async fn metrics(
     Path(id): Path<String>,
     RawQuery(raw): RawQuery,
 ) -> Result<Json<Vec<Value>>, ApiError> {
-    // `start` and `end` are Unix seconds; the sample is taken now either way.
+    // `start` and `end` are Unix seconds.
+    let (mut start, mut end) = (None, None);
     for (k, v) in form_urlencoded::parse(raw.unwrap_or_default().as_bytes()) {
-        if (k == "start" || k == "end") && v.parse::<i64>().is_err() {
-            return Err(ApiError::new(
-                StatusCode::BAD_REQUEST,
-                format!("{k}={v:?} is not a Unix time in seconds"),
-            ));
+        if k == "start" || k == "end" {
+            let t = v.parse::<i64>().map_err(|_| {
+                ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    format!("{k}={v:?} is not a Unix time in seconds"),
+                )
+            })?;
+            if k == "start" {
+                start = Some(t);
+            } else {
+                end = Some(t);
+            }
         }
     }
     let info = st.manager.get(&id).await?;
-    if info.state != SandboxState::Running {
-        return Ok(Json(Vec::new()));
+    let now = chrono::Utc::now().timestamp();
+    // A range that reaches the present gets a sample taken now.
+    if info.state == SandboxState::Running && end.is_none_or(|e| e >= now - 1) {
+        let m = st.manager.envd(&id).await?.metrics().await?;
+        let pick = |k: &str| m.get(k).cloned().unwrap_or(Value::from(0));
+        // Filed under `end` when taken in the second after it (the query's
+        // precision), so a range ending "now" includes it.
+        let at = end.map_or(now, |e| now.min(e));
+        let at_time = chrono::DateTime::from_timestamp(at, 0).unwrap_or_default();
+        let value = serde_json::json!({
+            "timestamp": at_time,
+            "timestampUnix": at,
+            "cpuCount": pick("cpu_count"),
+            "cpuUsedPct": pick("cpu_used_pct"),
+            "memUsed": pick("mem_used"),
+            "memTotal": pick("mem_total"),
+            "memCache": pick("mem_cache"),
+            "diskUsed": pick("disk_used"),
+            "diskTotal": pick("disk_total"),
+        });
+        st.sandbox_metrics
+            .record(&id, crate::sandbox_metrics::Sample { unix: at, value });
     }
-    let m = st.manager.envd(&id).await?.metrics().await?;
-    let now = chrono::Utc::now();
-    let pick = |k: &str| m.get(k).cloned().unwrap_or(Value::from(0));
-    Ok(Json(vec![serde_json::json!({
-        "timestamp": now,
-        "timestampUnix": now.timestamp(),
-        "cpuCount": pick("cpu_count"),
-        "cpuUsedPct": pick("cpu_used_pct"),
-        "memUsed": pick("mem_used"),
-        "memTotal": pick("mem_total"),
-        "memCache": pick("mem_cache"),
-        "diskUsed": pick("disk_used"),
-        "diskTotal": pick("disk_total"),
-    })]))
+    let samples = st.sandbox_metrics.range(&id, start, end);
+    Ok(Json(samples.into_iter().map(|s| s.value).collect()))
 }
