@@ -7,6 +7,7 @@
 
 mod api_key;
 pub mod builds;
+pub mod conn;
 mod error;
 mod metrics;
 pub mod proxy;
@@ -41,7 +42,11 @@ pub async fn serve(
         sandbox_metrics: Arc::default(),
     };
     let app = proxy::front(router(state), targets);
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await
+    let listener = conn::ResettableListener(listener);
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<conn::ConnHandle>(),
+    )
+    .with_graceful_shutdown(shutdown)
+    .await
 }

@@ -79,13 +79,15 @@ pub async fn forward(
 }
 
 /// Cuts `resp`'s body off with an error when sandbox `id` stops (its id
-/// arrives on `stopped`): the client's connection breaks mid-stream, as it
-/// would had it talked to the guest directly, instead of hanging on a VM
-/// that is gone. The SDK then probes the sandbox and reports it killed.
+/// arrives on `stopped`) and resets the client's connection (`conn`): it
+/// breaks mid-stream, as it would had it talked to the guest directly,
+/// instead of hanging on a VM that is gone. The SDK then probes the
+/// sandbox and reports it killed.
 pub fn end_when_stopped(
     resp: Response<Body>,
     id: String,
     mut stopped: tokio::sync::broadcast::Receiver<String>,
+    conn: Option<crate::conn::ConnHandle>,
 ) -> Response<Body> {
     use futures::StreamExt;
     use std::sync::atomic::{AtomicBool, Ordering};
@@ -115,6 +117,11 @@ pub fn end_when_stopped(
             }
         }
         flag.store(true, Ordering::SeqCst);
+        // The client sees the connection reset (crate::conn), not a body
+        // that merely ends early.
+        if let Some(conn) = conn {
+            conn.reset();
+        }
     };
     let (parts, body) = resp.into_parts();
     let data = body

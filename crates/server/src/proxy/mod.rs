@@ -86,6 +86,15 @@ async fn proxy(
             source,
         })?;
     let stopped = targets.stopped();
+    let conn = req
+        .extensions()
+        .get::<axum::extract::ConnectInfo<crate::conn::ConnHandle>>()
+        .map(|c| c.0.clone());
     let resp = forward::forward(&route.sandbox_id, SocketAddr::new(ip, route.port), req).await?;
-    Ok(forward::end_when_stopped(resp, route.sandbox_id, stopped))
+    Ok(forward::end_when_stopped(
+        resp,
+        route.sandbox_id,
+        stopped,
+        conn,
+    ))
 }

@@ -1,0 +1,130 @@
+//! The server's client connections, each with a handle that can reset it.
+//!
+//! When a sandbox's VM stops while a response still streams from it, the
+//! front door cuts the stream *and resets the client's TCP connection*
+//! (RST), which every HTTP client reads as "connection dropped", as it would
+//! had it talked to the guest directly. A merely truncated chunked body is
+//! read as a protocol error instead, and the SDK then does not probe the
+//! sandbox to report it killed.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::extract::connect_info::Connected;
+use axum::serve::IncomingStream;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+
+/// Accepts connections that can be reset through their [`ConnHandle`].
+pub struct ResettableListener(pub TcpListener);
+
+impl axum::serve::Listener for ResettableListener {
+    type Io = Conn;
+    type Addr = std::net::SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            match self.0.accept().await {
+                Ok((stream, addr)) => {
+                    let conn = Conn {
+                        stream,
+                        reset: Arc::new(AtomicBool::new(false)),
+                    };
+                    return (conn, addr);
+                }
+                // Out of descriptors and the like: wait and go on serving.
+                Err(e) => {
+                    tracing::warn!("accepting a connection: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+
+    fn local_addr(&self) -> io::Result<Self::Addr> {
+        self.0.local_addr()
+    }
+}
+
+/// One client connection.
+pub struct Conn {
+    stream: TcpStream,
+    reset: Arc<AtomicBool>,
+}
+
+impl Conn {
+    fn check(&self) -> io::Result<()> {
+        if self.reset.load(Ordering::SeqCst) {
+            Err(io::ErrorKind::ConnectionReset.into())
+        } else {
+            Ok(())
+        }
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        if self.reset.load(Ordering::SeqCst) {
+            // Closing with a zero linger sends RST instead of FIN.
+            let _ = self.stream.set_zero_linger();
+        }
+    }
+}
+
+impl AsyncRead for Conn {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if let Err(e) = this.check() {
+            return Poll::Ready(Err(e));
+        }
+        Pin::new(&mut this.stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Conn {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        if let Err(e) = this.check() {
+            return Poll::Ready(Err(e));
+        }
+        Pin::new(&mut this.stream).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
+    }
+}
+
+/// Resets the connection a request came on (`ConnectInfo<ConnHandle>`).
+#[derive(Clone, Debug)]
+pub struct ConnHandle(Arc<AtomicBool>);
+
+impl ConnHandle {
+    /// From now on the connection fails every read and write, and closes
+    /// with RST.
+    pub fn reset(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+impl Connected<IncomingStream<'_, ResettableListener>> for ConnHandle {
+    fn connect_info(stream: IncomingStream<'_, ResettableListener>) -> Self {
+        ConnHandle(stream.io().reset.clone())
+    }
+}
