@@ -88,6 +88,21 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
+# Sandbox host names `{port}-{id}.localhost:3000` (what the SDK's
+# get_host() gives with siesta's default domain) resolve to this machine
+# through nss-myhostname, which answers for every name under `.localhost`.
+if ! installed_ok libnss-myhostname; then
+  need_root libnss-myhostname
+  apt_update_once
+  echo "siesta: installing libnss-myhostname (names under .localhost resolve to this machine)"
+  apt-get install -y -qq --no-install-recommends libnss-myhostname
+fi
+if ! grep -Eq '^hosts:.*[[:space:]]myhostname([[:space:]]|$)' /etc/nsswitch.conf; then
+  need_root "myhostname in /etc/nsswitch.conf"
+  echo "siesta: adding myhostname to the hosts line of /etc/nsswitch.conf"
+  sed -i -E 's/^(hosts:[[:space:]]*.*files)([[:space:]]|$)/\1 myhostname\2/' /etc/nsswitch.conf
+fi
+
 # Installing one package can remove another (see above): check again, and
 # name the command and the package of anything still missing.
 still_missing=()
@@ -95,6 +110,8 @@ for cmd in "${!NEED[@]}"; do
   command -v "$cmd" >/dev/null 2>&1 || still_missing+=("$cmd (package ${NEED[$cmd]})")
 done
 python3 -c 'import ensurepip' >/dev/null 2>&1 || still_missing+=("python3 -m venv (package python3-venv)")
+getent hosts 1-check.localhost >/dev/null 2>&1 ||
+  still_missing+=("names under .localhost do not resolve (package libnss-myhostname, and myhostname on the hosts line of /etc/nsswitch.conf)")
 qemu_pkgs_ok || still_missing+=("qemu-system-x86 and qemu-utils at one version (have $(installed_version qemu-system-x86) and $(installed_version qemu-utils))")
 if [ ${#still_missing[@]} -gt 0 ]; then
   echo "siesta: still missing after installing:" >&2

@@ -55,3 +55,27 @@ def test_unknown_sandbox_is_502_was_not_found(siesta):
     resp = via_host(siesta, 49983, "nosuchsandbox0000000", "/health")
     assert resp.status_code == 502
     assert "was not found" in resp.json()["message"]
+
+
+def test_get_host_names_resolve_and_route_here(sbx):
+    """get_host() is {port}-{id}.localhost:{server port}: it resolves to this
+    machine (nss-myhostname, installed by make up) and the front door routes
+    it by its Host header, with no header and no DNS set up."""
+    import httpx
+
+    cmd = sbx.commands.run("python3 -m http.server 8031", background=True)
+    try:
+        host = sbx.get_host(8031)
+        assert host.startswith(f"8031-{sbx.sandbox_id}.localhost:"), host
+        status = None
+        for _ in range(40):
+            try:
+                status = httpx.get(f"http://{host}/", timeout=5).status_code
+            except httpx.HTTPError:
+                status = None
+            if status == 200:
+                break
+            time.sleep(0.25)
+        assert status == 200
+    finally:
+        cmd.kill()

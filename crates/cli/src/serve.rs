@@ -14,6 +14,11 @@ pub struct ServeArgs {
     /// Template to keep pre-spawned VMMs for.
     #[arg(long, default_value = "base")]
     warm_template: String,
+    /// The domain of sandbox host names `{port}-{sandboxID}.{domain}` that
+    /// `get_host()` gives (default `localhost:{listen port}`: names under
+    /// `.localhost` resolve to this machine, see docs/configuration.md).
+    #[arg(long, env = "SIESTA_SANDBOX_DOMAIN")]
+    sandbox_domain: Option<String>,
 }
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
@@ -42,10 +47,18 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     println!("  export E2B_SANDBOX_URL=http://{}", args.listen);
     println!("  export E2B_API_KEY={}", api_keys.current());
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let options = siesta_server::ServerOptions {
+        sandbox_domain: Some(
+            args.sandbox_domain
+                .clone()
+                .unwrap_or_else(|| format!("localhost:{}", args.listen.port())),
+        ),
+    };
     let mut server = tokio::spawn(siesta_server::serve(
         args.listen,
         manager.clone(),
         api_keys,
+        options,
         async {
             let _ = stop_rx.await;
         },

@@ -23,11 +23,20 @@ use std::sync::Arc;
 
 use siesta_sandbox::SandboxManager;
 
+/// How the server presents itself.
+#[derive(Debug, Clone, Default)]
+pub struct ServerOptions {
+    /// The `domain` of its sandboxes: the SDK's `get_host(port)` is
+    /// `{port}-{sandboxID}.{domain}`, which the front door routes by Host.
+    pub sandbox_domain: Option<String>,
+}
+
 /// Serves the API on `listen` until `shutdown` resolves.
 pub async fn serve(
     listen: SocketAddr,
     manager: Arc<SandboxManager>,
     api_keys: ApiKeys,
+    options: ServerOptions,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::bind(listen).await?;
@@ -40,6 +49,7 @@ pub async fn serve(
         metrics: Arc::new(Metrics::default()),
         builds: Arc::new(builds::Builds::new(files)),
         sandbox_metrics: Arc::default(),
+        sandbox_domain: options.sandbox_domain,
     };
     let app = proxy::front(router(state), targets);
     let listener = conn::ResettableListener(listener);

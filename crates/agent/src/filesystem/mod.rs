@@ -158,7 +158,13 @@ impl FilesystemService {
     ) -> Result<RemoveResponse, RpcError> {
         let (caller, path) = self.resolve(ctx, &req.path)?;
         self.blocking(move |_| {
-            let meta = std::fs::symlink_metadata(&path).map_err(|e| io_err(&e, &path))?;
+            // Removing what is not there succeeds, as in envd: the goal
+            // (it is gone) holds.
+            let meta = match std::fs::symlink_metadata(&path) {
+                Ok(meta) => meta,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(RemoveResponse {}),
+                Err(e) => return Err(io_err(&e, &path)),
+            };
             caller
                 .check_write(&path, false)
                 .map_err(|e| io_err(&e, &path))?;

@@ -42,6 +42,31 @@ pub fn set(path: &Path, key: &str, value: &str) -> io::Result<()> {
     }
 }
 
+/// Removes every `user.e2b.*` attribute of `path` (a file overwritten by
+/// an upload keeps no metadata of its previous content). Missing xattr
+/// support is nothing to remove.
+pub fn clear_all(path: &Path) -> io::Result<()> {
+    let p = c_path(path)?;
+    let Some(names) = list(&p) else { return Ok(()) };
+    for name in names
+        .split(|b| *b == 0)
+        .filter(|n| n.starts_with(PREFIX.as_bytes()))
+    {
+        let Ok(cname) = CString::new(name) else {
+            continue;
+        };
+        // SAFETY: both strings are NUL-terminated and outlive the call.
+        let rc = unsafe { libc::lremovexattr(p.as_ptr(), cname.as_ptr()) };
+        if rc != 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::ENODATA) {
+                return Err(e);
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Reads every `user.e2b.*` attribute of `path`. A filesystem without xattr
 /// support, or a file without attributes, gives an empty map: metadata is
 /// optional and must never make a `Stat` fail.

@@ -36,6 +36,9 @@ pub struct WriteInfo {
     pub path: String,
     #[serde(rename = "type")]
     pub kind: &'static str,
+    /// The metadata stored with the upload, if any (`X-Metadata-*`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<HashMap<String, String>>,
 }
 
 /// Authenticates and resolves the user a `/files` request acts as.
@@ -295,10 +298,17 @@ async fn finish(
         .await
         .map_err(|e| HttpError::from_io(&e, dest))?;
     drop(file);
-    if !metadata.is_empty() {
+    {
         let (dest2, metadata): (PathBuf, Vec<(String, String)>) =
             (dest.to_path_buf(), metadata.clone().into_iter().collect());
         blocking(move || {
+            // Metadata describes this content: the previous upload's goes.
+            xattr::clear_all(&dest2).map_err(|e| {
+                HttpError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!("clearing old metadata of {}: {e}", dest2.display()),
+                )
+            })?;
             for (k, v) in &metadata {
                 xattr::set(&dest2, k, v).map_err(|e| {
                     let status = if e.raw_os_error() == Some(libc::ENOTSUP) {
@@ -320,6 +330,7 @@ async fn finish(
         name: paths::base_name(dest),
         path: paths::display(dest),
         kind: "file",
+        metadata: (!metadata.is_empty()).then(|| metadata.clone()),
     })
 }
 

@@ -39,6 +39,8 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     pub builds: crate::builds::SharedBuilds,
     pub sandbox_metrics: Arc<crate::sandbox_metrics::SandboxMetrics>,
+    /// What the SDK builds sandbox host names with (`ServerOptions`).
+    pub sandbox_domain: Option<String>,
 }
 
 pub fn router(state: AppState) -> Router {

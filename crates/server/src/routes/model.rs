@@ -4,7 +4,7 @@ use serde_json::{json, Value};
 use siesta_sandbox::sandbox::{OnTimeout, SandboxInfo};
 
 /// `Sandbox`: the create, connect and fork result.
-pub fn sandbox(info: &SandboxInfo) -> Value {
+pub fn sandbox(info: &SandboxInfo, domain: Option<&str>) -> Value {
     json!({
         "templateID": info.template,
         "sandboxID": info.id,
@@ -12,7 +12,7 @@ pub fn sandbox(info: &SandboxInfo) -> Value {
         "envdVersion": siesta_envd_proto::ENVD_VERSION,
         "envdAccessToken": info.access_token,
         "trafficAccessToken": null,
-        "domain": null,
+        "domain": domain,
         // siesta extensions, ignored by the SDK: where this host reaches the
         // agent directly, and how the last resume's stages went.
         "agentAddress": info.agent_addr.map(|a| a.to_string()),
@@ -39,12 +39,12 @@ pub fn listed(info: &SandboxInfo) -> Value {
 }
 
 /// `SandboxDetail`: `GET /sandboxes/{id}`.
-pub fn detail(info: &SandboxInfo) -> Value {
+pub fn detail(info: &SandboxInfo, domain: Option<&str>) -> Value {
     let mut v = listed(info);
     let extra = json!({
         "envdAccessToken": info.access_token,
         "allowInternetAccess": info.allow_internet,
-        "domain": null,
+        "domain": domain,
         "lifecycle": {
             "autoResume": info.lifecycle.auto_resume,
             "onTimeout": match info.lifecycle.on_timeout {

@@ -83,7 +83,11 @@ pub async fn create(
         .await;
     st.metrics.observe_resume("create", &created);
     let info = created?;
-    Ok((StatusCode::CREATED, Json(model::sandbox(&info))).into_response())
+    Ok((
+        StatusCode::CREATED,
+        Json(model::sandbox(&info, st.sandbox_domain.as_deref())),
+    )
+        .into_response())
 }
 
 const LIVE: &[SandboxState] = &[SandboxState::Running, SandboxState::Paused];
@@ -131,7 +135,7 @@ pub async fn detail(
             ),
         ));
     }
-    Ok(Json(model::detail(&info)))
+    Ok(Json(model::detail(&info, st.sandbox_domain.as_deref())))
 }
 
 pub async fn kill(
@@ -192,7 +196,11 @@ pub async fn connect(
     } else {
         StatusCode::OK
     };
-    Ok((status, Json(model::sandbox(&info))).into_response())
+    Ok((
+        status,
+        Json(model::sandbox(&info, st.sandbox_domain.as_deref())),
+    )
+        .into_response())
 }
 
 #[derive(Deserialize)]

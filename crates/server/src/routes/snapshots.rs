@@ -77,7 +77,7 @@ pub async fn fork(
     let body: Vec<Value> = children
         .into_iter()
         .map(|child| match child {
-            Ok(info) => json!({"sandbox": model::sandbox(&info)}),
+            Ok(info) => json!({"sandbox": model::sandbox(&info, st.sandbox_domain.as_deref())}),
             Err(e) => {
                 let e = ApiError::from(e);
                 json!({"error": {"code": e.status.as_u16(), "message": e.message}})
