@@ -16,7 +16,7 @@ The suite (e2b-dev/E2B's SDK integration tests, SDK 2.45.1) lives in
 4. stops the server by pid and removes its home and namespaces, also when
    the suite fails or the script is interrupted.
 
-Usage: run.py [pytest args...]   (default: the runner's own selection)
+Usage: run.py [pytest args...]   (default: DEFAULT_SELECTION below)
 Environment: SIESTA_BIN, SIESTA_HOME (the real home with assets),
 SIESTA_CONFORMANCE_DIR (default ../shared/conformance),
 SIESTA_CONFORMANCE_TIMEOUT (seconds for the whole suite, default 2400).
@@ -96,8 +96,20 @@ def build_template(home: Path, log: Path) -> None:
         sys.exit(f"building the base template failed; see {log}")
 
 
+# What runs when no test path is given: the server-facing tests, sync and
+# async halves (the suite's unit tests of the SDK's own URL handling assume
+# E2B's domain and are not about the server).
+DEFAULT_SELECTION = [
+    f"tests/{mode}/{area}_{mode}"
+    for mode in ("sync", "async")
+    for area in ("sandbox", "api", "template", "volume")
+]
+
+
 def run_suite(server: SiestaServer, junit: Path, args: list[str]) -> int:
     runner = SUITE / "run-e2b-python-sdk"
+    if not any(not a.startswith("-") for a in args):
+        args = [*DEFAULT_SELECTION, *args]
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
     for var in ("E2B_VALIDATE_API_KEY", "E2B_DEBUG", "E2B_DOMAIN", "E2B_ACCESS_TOKEN"):
         env.pop(var, None)

@@ -204,3 +204,22 @@ def test_dockerfile_build_from_the_cli(siesta, tmp_path):
                           env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode != 0
     assert "line 3: VOLUME is not supported" in done.stderr, done.stderr
+
+
+def test_tags_assign_list_and_remove(built):
+    name, _ = built
+    info = Template.assign_tags(name, ["production", "latest"])
+    assert info.build_id and set(info.tags) == {"production", "latest"}
+    tags = {t.tag: t for t in Template.get_tags(name)}
+    assert {"production", "latest"} <= set(tags), tags
+    assert tags["production"].build_id == info.build_id
+    Template.remove_tags(name, "production")
+    assert "production" not in {t.tag for t in Template.get_tags(name)}
+    with pytest.raises(Exception):
+        Template.assign_tags(name, ":no-name")
+    # name:tag creates from the template of that name.
+    sbx = Sandbox.create(f"{name}:latest")
+    try:
+        assert sbx.commands.run("cat /etc/siesta-built").stdout.strip() == "built"
+    finally:
+        sbx.kill()

@@ -55,6 +55,8 @@ pub struct Build {
     pub template: String,
     pub vcpus: Option<u32>,
     pub memory_mib: Option<u32>,
+    /// Tags the template gets when the build is ready.
+    pub tags: Vec<String>,
     pub status: BuildStatus,
     pub entries: Vec<LogEntry>,
     pub reason: Option<FailureReason>,
@@ -87,7 +89,13 @@ impl Builds {
     }
 
     /// Registers a new build of `template` (status `waiting`); its id.
-    pub fn create(&self, template: &str, vcpus: Option<u32>, memory_mib: Option<u32>) -> String {
+    pub fn create(
+        &self,
+        template: &str,
+        vcpus: Option<u32>,
+        memory_mib: Option<u32>,
+        tags: Vec<String>,
+    ) -> String {
         let id = new_build_id();
         self.lock().insert(
             id.clone(),
@@ -95,6 +103,7 @@ impl Builds {
                 template: template.to_string(),
                 vcpus,
                 memory_mib,
+                tags,
                 status: BuildStatus::Waiting,
                 entries: Vec::new(),
                 reason: None,

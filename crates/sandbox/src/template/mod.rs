@@ -8,6 +8,7 @@ mod manifest;
 mod publish;
 pub mod record;
 pub mod steps;
+pub mod tags;
 
 pub use build::{build_template, cold_boot, BuildOptions};
 pub use derive::{build_from_steps, BuildLog, BuildPhase, LogLevel};

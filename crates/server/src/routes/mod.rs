@@ -5,6 +5,7 @@
 //! | `sandboxes.rs` | create, list, get, kill, pause, connect/resume, timeout, metrics |
 //! | `snapshots.rs` | snapshots of running sandboxes (create, list, delete), fork |
 //! | `templates.rs` | templates list, the `Template` model |
+//! | `template_tags.rs` | template tags: assign, remove, list |
 //! | `template_builds.rs` | the E2B template build API: create, upload links, start, status, logs; alias, get, delete |
 //! | `node.rs` | `/health`, Prometheus `/metrics`, `/openapi.yaml` |
 //! | `model.rs` | the JSON models (`Sandbox`, `SandboxDetail`, `ListedSandbox`) |
@@ -16,6 +17,7 @@ mod query;
 mod sandboxes;
 mod snapshots;
 mod template_builds;
+mod template_tags;
 mod templates;
 
 use std::sync::Arc;
@@ -73,6 +75,11 @@ pub fn router(state: AppState) -> Router {
             get(template_builds::get).delete(template_builds::delete),
         )
         .route("/templates/aliases/{alias}", get(template_builds::alias))
+        .route(
+            "/templates/tags",
+            post(template_tags::assign).delete(template_tags::remove),
+        )
+        .route("/templates/{id}/tags", get(template_tags::list))
         .route("/templates/{id}/files/{hash}", get(template_builds::files))
         .route(
             "/v2/templates/{id}/builds/{build}",

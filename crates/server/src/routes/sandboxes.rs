@@ -64,16 +64,35 @@ impl NewSandbox {
     }
 }
 
+/// `name:tag` names template `name` when it carries that tag (`default`
+/// always); a plain name is returned as it is.
+fn untagged(st: &AppState, raw: &str) -> Result<String, ApiError> {
+    let Some((name, tag)) = raw.split_once(':') else {
+        return Ok(raw.to_string());
+    };
+    let layout = st.manager.node().config.layout();
+    let tags = siesta_sandbox::template::tags::of_template(&layout, name)?;
+    if tag == "default" || tags.contains_key(tag) {
+        Ok(name.to_string())
+    } else {
+        Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("template {name:?} has no tag {tag:?} (Template.get_tags lists them)"),
+        ))
+    }
+}
+
 pub async fn create(
     State(st): State<AppState>,
     req: Result<Json<NewSandbox>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let req = body(req)?;
     let lifecycle = req.lifecycle();
+    let template = untagged(&st, &req.template_id)?;
     let created = st
         .manager
         .create(CreateRequest {
-            template: req.template_id,
+            template,
             env_vars: req.env_vars,
             metadata: req.metadata,
             allow_internet: req.allow_internet_access.unwrap_or(true),

@@ -45,7 +45,7 @@ pub struct NewTemplate {
 }
 
 /// `name` or `name:tag` → the template name (tags are not kept apart yet).
-fn template_name(raw: &str) -> Result<String, ApiError> {
+pub(super) fn template_name(raw: &str) -> Result<String, ApiError> {
     let name = raw.split(':').next().unwrap_or("");
     siesta_sandbox::layout::validate_name("template", name)
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e))?;
@@ -69,12 +69,17 @@ pub async fn create(
             format!("template {name:?} is being built already; wait for that build to end"),
         ));
     }
-    let build_id = st.builds.create(&name, req.cpu_count, req.memory_mb);
-    let tags = if req.tags.is_empty() {
-        vec!["default".to_string()]
-    } else {
-        req.tags
-    };
+    // `name:tag` and `tags` tag the build once it is ready.
+    let mut tags = req.tags.clone();
+    if let Some((_, tag)) = raw.split_once(':') {
+        tags.push(tag.to_string());
+    }
+    let build_id = st
+        .builds
+        .create(&name, req.cpu_count, req.memory_mb, tags.clone());
+    if tags.is_empty() {
+        tags.push("default".to_string());
+    }
     let out = json!({
         "templateID": name, "buildID": build_id, "public": false,
         "names": [name], "aliases": [name], "tags": tags,
@@ -380,6 +385,11 @@ async fn run(st: AppState, build_id: String, plan: StepsBuild) {
     match template::build_from_steps(st.manager.node(), &plan, &log).await {
         Ok(t) => {
             record_manifest(&st, &build_id, &t).await;
+            let wanted = st.builds.get(&build_id).map(|b| b.tags).unwrap_or_default();
+            if let Err(e) = super::template_tags::tag_build(&st, &t, &wanted) {
+                st.builds
+                    .log(&build_id, "warn", None, &format!("tagging: {}", e.message));
+            }
             st.builds.log(
                 &build_id,
                 "info",

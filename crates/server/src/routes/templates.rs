@@ -22,7 +22,7 @@ pub async fn list(State(st): State<AppState>) -> Result<Json<Vec<Value>>, ApiErr
 /// build, the one that made it.
 pub fn describe(t: &Template) -> Value {
     let r = &t.record;
-    let build_id = t.snapshot.as_ref().map_or(r.name.clone(), |s| s.id.clone());
+    let build_id = super::template_tags::build_id_of(t);
     json!({
         "templateID": r.name,
         "buildID": build_id,
