@@ -317,21 +317,39 @@ async fn keepalives_fill_silence() {
 }
 
 #[tokio::test]
-async fn connect_timeout_kills_the_process() {
+async fn connect_timeout_ends_the_stream_and_kills_the_process() {
     let (_g, c) = guest().await;
     let t0 = Instant::now();
-    let r = run(
-        &c,
-        Codec::Json,
-        sh("sleep 30"),
-        &[("connect-timeout-ms", "500")],
-    )
-    .await;
+    let mut s = c
+        .stream(
+            Codec::Json,
+            START,
+            &sh("sleep 30"),
+            &[("connect-timeout-ms", "500")],
+        )
+        .await
+        .expect("start");
+    let pid = started(&mut s).await;
+    // As envd: the call ends with deadline_exceeded (the SDK's
+    // TimeoutException), not with an end event of a killed process.
+    while let Some(ev) = tokio::time::timeout(Duration::from_secs(20), s.next())
+        .await
+        .expect("the stream ends within 20 s")
+    {
+        let ev = ev.event.and_then(|e| e.event);
+        assert!(
+            !matches!(ev, Some(Event::End(_))),
+            "an end event instead of the deadline: {ev:?}"
+        );
+    }
     assert!(t0.elapsed() < Duration::from_secs(10));
-    let end = r.end.unwrap();
-    assert_eq!((end.exit_code, end.exited), (-1, false));
-    assert_eq!(end.status, "signal: killed");
-    assert_eq!(end.error.as_deref(), Some("signal: killed"));
+    assert_eq!(s.end_error().as_deref(), Some("deadline_exceeded"));
+    // And the process does not outlive its call.
+    let gone = Instant::now() + Duration::from_secs(5);
+    while std::path::Path::new(&format!("/proc/{pid}")).exists() {
+        assert!(Instant::now() < gone, "process {pid} still runs");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 #[tokio::test]

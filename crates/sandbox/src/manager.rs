@@ -357,6 +357,9 @@ impl SandboxManager {
             return Err(e.into());
         }
         self.sandboxes.lock().await.remove(&id);
+        // Only now, with the row gone: whoever streamed from it and asks
+        // after it learns it is gone instead of finding it "running".
+        self.node.announce_stopped(&id);
         // Operations queued on this sandbox's lock see it gone.
         sb.record.id.clear();
         self.delete_pause(&id);
@@ -380,6 +383,7 @@ impl SandboxManager {
         if let Err(e) = self.store.put(&sb.record) {
             tracing::error!(sandbox = %sb.record.id, "recording death: {e}");
         }
+        self.node.announce_stopped(&sb.record.id);
     }
 
     /// Server stop: pauses every running sandbox (an ephemeral manager kills
@@ -493,7 +497,6 @@ pub(crate) fn running(r: Resumed) -> Running {
 
 pub(crate) async fn stop_running(node: &Node, sb: &mut Sandbox) {
     if let Some(mut r) = sb.running.take() {
-        node.announce_stopped(&sb.record.id);
         if let Err(e) = r.vm.shutdown().await {
             tracing::warn!(sandbox = %sb.record.id, "stopping VMM: {e}");
         }

@@ -22,9 +22,10 @@ pub struct Node {
     pub net: SlotPool,
     /// Startup-manifest prefetch, shared by every resume on this node.
     pub prefetch: crate::memory_prefetch::MemoryPrefetch,
-    /// Announces the id of each sandbox whose VM stops (pause, kill,
-    /// death), so whoever streams to it (the front door) can end at once
-    /// instead of waiting on a guest that will never answer.
+    /// Announces the id of each sandbox whose VM stopped (pause, kill,
+    /// death), once its row says so, so whoever streams to it (the front
+    /// door) can end at once instead of waiting on a guest that will never
+    /// answer, and a client that then asks after it gets the truth.
     stopped: tokio::sync::broadcast::Sender<String>,
 }
 

@@ -193,6 +193,8 @@ impl SandboxManager {
             return Err(e.into());
         }
         stop_running(&self.node, sb).await;
+        // The row says paused: streams from it end now (see Node).
+        self.node.announce_stopped(&id);
         // From here on the repository's copy is the disk.
         drop_link(&repo, &snapshot, &disk)
     }

@@ -23,6 +23,10 @@ pub const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(90);
 /// PATH when the agent itself has none (as PID 1 it may start without one).
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
+/// How long after a `Start` call's deadline (`connect-timeout-ms`) its
+/// process group is killed: the stream's `deadline_exceeded` goes first.
+const KILL_AFTER_DEADLINE: Duration = Duration::from_millis(100);
+
 /// The pty size when a client asks for a pty without giving one.
 const DEFAULT_PTY: (u16, u16) = (80, 24);
 
@@ -114,7 +118,9 @@ impl ProcessService {
             process,
             spawned.waiter,
             spawned.output,
-            ctx.timeout,
+            // Just after the call's own deadline ends its stream with
+            // deadline_exceeded, so the caller sees the timeout, not a kill.
+            ctx.timeout.map(|t| t + KILL_AFTER_DEADLINE),
         );
         Ok(events(pid, subscription, keepalive(ctx), |event| {
             StartResponse { event: Some(event) }

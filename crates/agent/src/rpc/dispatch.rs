@@ -69,7 +69,7 @@ async fn route(state: &AgentState, service: &str, method: &str, call: Incoming) 
     match (service, method) {
         ("process.Process", "List") => call.unary(|c, r| async move { p.list(&c, r).await }).await,
         ("process.Process", "Start") => {
-            call.server_stream(false, |c, r| async move { p.start(&c, r).await })
+            call.server_stream(true, |c, r| async move { p.start(&c, r).await })
                 .await
         }
         ("process.Process", "Connect") => {

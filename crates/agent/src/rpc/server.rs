@@ -123,8 +123,8 @@ impl Incoming {
     /// A server stream: one message in, a stream out. Errors before the
     /// stream exists are answered unary-style; later ones in the end envelope.
     /// With `deadline`, `connect-timeout-ms` ends the stream
-    /// (`deadline_exceeded`); `process.Start` passes `false` because there the
-    /// timeout kills the process instead.
+    /// (`deadline_exceeded`, as envd); for `process.Start` the process is
+    /// also killed, just after (see `process::run::supervise`).
     pub async fn server_stream<Req, Resp, F, Fut>(self, deadline: bool, handler: F) -> Response
     where
         Req: Message,
