@@ -17,7 +17,7 @@ SIESTA := target/release/siesta
 up: deps build assets template
 	$(SIESTA) serve --listen $(LISTEN)
 
-test: deps build assets template lint unit-test e2b-test
+test: deps build assets template lint unit-test e2b-test conformance-test
 
 deps:
 	./scripts/install-deps.sh

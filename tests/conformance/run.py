@@ -58,12 +58,23 @@ def expected_failures() -> dict[str, str]:
     return out
 
 
+def test_id(classname: str, name: str) -> str:
+    """pytest's id (path::[Class::]name) of a junit test case: the longest
+    dotted prefix of the class name that is a file of the suite is the path."""
+    parts = classname.split(".")
+    root = SUITE / "e2b-python-sdk"
+    for i in range(len(parts), 0, -1):
+        path = "/".join(parts[:i]) + ".py"
+        if (root / path).is_file():
+            return "::".join([path, *parts[i:], name])
+    return f"{'/'.join(parts)}.py::{name}"
+
+
 def outcomes(junit: Path) -> dict[str, str]:
     """Test id (path::name as pytest prints it) -> passed|failed|skipped."""
     result = {}
     for case in ET.parse(junit).getroot().iter("testcase"):
-        path = case.get("classname", "").replace(".", "/")
-        test = f"tests/{path.split('tests/', 1)[-1]}.py::{case.get('name')}"
+        test = test_id(case.get("classname", ""), case.get("name", ""))
         if case.find("failure") is not None or case.find("error") is not None:
             result[test] = "failed"
         elif case.find("skipped") is not None:
