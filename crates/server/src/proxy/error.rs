@@ -68,7 +68,10 @@ impl IntoResponse for ProxyError {
         match &self {
             ProxyError::Target {
                 source:
-                    TargetError::NotFound { .. } | TargetError::Dead { .. } | TargetError::Paused { .. },
+                    TargetError::NotFound { .. }
+                    | TargetError::Dead { .. }
+                    | TargetError::Paused { .. }
+                    | TargetError::Stopped { .. },
                 ..
             }
             | ProxyError::PortNotOpen { .. }

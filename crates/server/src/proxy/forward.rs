@@ -106,16 +106,7 @@ pub fn end_when_stopped(
     let fired = Arc::new(AtomicBool::new(false));
     let flag = fired.clone();
     let stop = async move {
-        loop {
-            match stopped.recv().await {
-                Ok(s) if s == id => break,
-                Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
-                // No announcer: wait for the body to end by itself.
-                Err(tokio::sync::broadcast::error::RecvError::Closed) => {
-                    futures::future::pending::<()>().await
-                }
-            }
-        }
+        wait_stopped(&mut stopped, &id).await;
         flag.store(true, Ordering::SeqCst);
         // The client sees the connection reset (crate::conn), not a body
         // that merely ends early.
@@ -134,6 +125,19 @@ pub fn end_when_stopped(
         },
     );
     Response::from_parts(parts, Body::from_stream(data.chain(cut)))
+}
+
+/// Returns when sandbox `id` is announced stopped on `stopped`; never if
+/// nothing announces (the sender is gone).
+pub async fn wait_stopped(stopped: &mut tokio::sync::broadcast::Receiver<String>, id: &str) {
+    use tokio::sync::broadcast::error::RecvError;
+    loop {
+        match stopped.recv().await {
+            Ok(s) if s == id => return,
+            Ok(_) | Err(RecvError::Lagged(_)) => {}
+            Err(RecvError::Closed) => futures::future::pending::<()>().await,
+        }
+    }
 }
 
 /// Makes a server-side request fit to send to the guest: origin-form URI,

@@ -78,6 +78,8 @@ async fn proxy(
     route: Route,
     req: Request,
 ) -> Result<Response, ProxyError> {
+    // Before the look-up: a stop announced after it is not missed.
+    let mut stopped = targets.stopped();
     let ip = targets
         .address(&route.sandbox_id)
         .await
@@ -85,12 +87,22 @@ async fn proxy(
             id: route.sandbox_id.clone(),
             source,
         })?;
-    let stopped = targets.stopped();
     let conn = req
         .extensions()
         .get::<axum::extract::ConnectInfo<crate::conn::ConnHandle>>()
         .map(|c| c.0.clone());
-    let resp = forward::forward(&route.sandbox_id, SocketAddr::new(ip, route.port), req).await?;
+    let addr = SocketAddr::new(ip, route.port);
+    // A guest stopped while it had not answered yet never will: its VM is
+    // gone and nothing resets the connection to it.
+    let resp = tokio::select! {
+        r = forward::forward(&route.sandbox_id, addr, req) => r?,
+        () = forward::wait_stopped(&mut stopped, &route.sandbox_id) => {
+            return Err(ProxyError::Target {
+                id: route.sandbox_id.clone(),
+                source: TargetError::Stopped { id: route.sandbox_id },
+            });
+        }
+    };
     Ok(forward::end_when_stopped(
         resp,
         route.sandbox_id,

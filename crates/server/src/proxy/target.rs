@@ -25,6 +25,11 @@ pub enum TargetError {
     /// `is_running()` reads the 502 as "not running", which it is.
     #[error("The sandbox {id} was not found running: it is paused (Sandbox.connect() resumes it; create it with auto-resume to resume on traffic)")]
     Paused { id: String },
+    /// Paused or killed while a request to it waited for an answer.
+    #[error(
+        "The sandbox {id} was not found running: it stopped (paused or killed) before it answered"
+    )]
+    Stopped { id: String },
 }
 
 /// Looks sandboxes up for the proxy.
