@@ -210,8 +210,13 @@ fn unix_now() -> u64 {
 fn new_build_id() -> String {
     let mut bytes = [0u8; 16];
     rand::Rng::fill(&mut rand::thread_rng(), &mut bytes[..]);
+    uuid_shaped(bytes)
+}
+
+/// 16 bytes written as a UUID (8-4-4-4-12 hex digits), the shape E2B's
+/// build ids have and the SDK parses.
+pub fn uuid_shaped(bytes: [u8; 16]) -> String {
     let h = hex::encode(bytes);
-    // UUID-shaped, as E2B's build ids are.
     format!(
         "{}-{}-{}-{}-{}",
         &h[..8],

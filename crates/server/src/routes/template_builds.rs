@@ -230,13 +230,7 @@ pub async fn start(
     parsed: Result<Json<StartBuild>, JsonRejection>,
 ) -> Result<StatusCode, ApiError> {
     let req = body(parsed)?;
-    let Some(build) = st
-        .builds
-        .get(&build_id)
-        .filter(|b| b.template == template_id)
-    else {
-        return Err(not_found_build(&template_id, &build_id));
-    };
+    let build = find_build(&st, &template_id, &build_id)?;
     if build.status != BuildStatus::Waiting {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
@@ -434,11 +428,22 @@ async fn record_manifest(st: &AppState, build_id: &str, t: &template::Template) 
         .log(build_id, "info", Some("finalize".into()), &line);
 }
 
-fn not_found_build(template: &str, build: &str) -> ApiError {
-    ApiError::new(
-        StatusCode::NOT_FOUND,
-        format!("build {build:?} of template {template:?} not found (builds are kept until the server restarts)"),
-    )
+/// Build `build` of template `template`, or a 404 saying builds last until
+/// the server restarts.
+fn find_build(
+    st: &AppState,
+    template: &str,
+    build: &str,
+) -> Result<crate::builds::Build, ApiError> {
+    st.builds
+        .get(build)
+        .filter(|b| b.template == template)
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                format!("build {build:?} of template {template:?} not found (builds are kept until the server restarts)"),
+            )
+        })
 }
 
 #[derive(Deserialize)]
@@ -455,13 +460,7 @@ pub async fn status(
     Path((template_id, build_id)): Path<(String, String)>,
     Query(q): Query<StatusQuery>,
 ) -> Result<Json<Value>, ApiError> {
-    let Some(build) = st
-        .builds
-        .get(&build_id)
-        .filter(|b| b.template == template_id)
-    else {
-        return Err(not_found_build(&template_id, &build_id));
-    };
+    let build = find_build(&st, &template_id, &build_id)?;
     let limit = q.limit.unwrap_or(MAX_LOG_PAGE).min(MAX_LOG_PAGE);
     let page: Vec<_> = build
         .entries
@@ -484,13 +483,7 @@ pub async fn logs(
     State(st): State<AppState>,
     Path((template_id, build_id)): Path<(String, String)>,
 ) -> Result<Json<Value>, ApiError> {
-    let Some(build) = st
-        .builds
-        .get(&build_id)
-        .filter(|b| b.template == template_id)
-    else {
-        return Err(not_found_build(&template_id, &build_id));
-    };
+    let build = find_build(&st, &template_id, &build_id)?;
     Ok(Json(json!({ "logs": build.entries })))
 }
 

@@ -46,15 +46,10 @@ pub fn build_id_of(t: &Template) -> String {
         .snapshot
         .as_ref()
         .map_or_else(|| t.record.created_at.to_rfc3339(), |s| s.id.clone());
-    let h = hex::encode(&Sha256::digest(format!("{}\0{snapshot}", t.record.name))[..16]);
-    format!(
-        "{}-{}-{}-{}-{}",
-        &h[..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..32]
-    )
+    let digest = Sha256::digest(format!("{}\0{snapshot}", t.record.name));
+    let mut bytes = [0u8; 16];
+    bytes.copy_from_slice(&digest[..16]);
+    crate::builds::uuid_shaped(bytes)
 }
 
 #[derive(Deserialize)]
