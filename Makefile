@@ -12,15 +12,19 @@ AGENT_TARGET := x86_64-unknown-linux-gnu
 AGENT_BIN := target/$(AGENT_TARGET)/release/siesta-agent
 SIESTA := target/release/siesta
 
-.PHONY: up test deps build agent assets template lint unit-test vm-test e2b-venv e2b-test conformance-test doctor clean-assets
+.PHONY: up test deps test-deps build agent assets template lint unit-test vm-test e2b-venv e2b-test conformance-test doctor clean-assets
 
 up: deps build assets template
 	$(SIESTA) serve --listen $(LISTEN)
 
-test: deps build assets template lint unit-test e2b-test conformance-test
+test: deps test-deps build assets template lint unit-test e2b-test conformance-test
 
 deps:
 	./scripts/install-deps.sh
+
+# What only the tests need: a registry server, umoci, skopeo, htpasswd.
+test-deps:
+	./scripts/install-test-deps.sh
 
 # The agent runs inside guests of any libc: link it statically.
 agent:

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Installs what only the tests need (make test calls it after
+# install-deps.sh): an OCI registry server and the tools that make and push
+# images without Docker, and htpasswd for a registry that needs a password. Idempotent; run as root on Debian 12.
+#
+# Debian's docker-registry package ships a service that listens on :5000 on
+# every interface. The tests start their own registry on 127.0.0.1 with
+# their own configuration, so a service this script installed is stopped
+# and disabled again right away.
+set -euo pipefail
+
+declare -A NEED=(
+  [docker-registry]=docker-registry
+  [skopeo]=skopeo
+  [umoci]=umoci
+  [htpasswd]=apache2-utils
+)
+missing=()
+for cmd in "${!NEED[@]}"; do
+  command -v "$cmd" >/dev/null 2>&1 || missing+=("${NEED[$cmd]}")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "siesta: installing ${missing[*]} needs root; run this as root or install them yourself" >&2
+    exit 1
+  fi
+  echo "siesta: installing test packages: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  case " ${missing[*]} " in
+  *" docker-registry "*)
+    if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
+      echo "siesta: disabling the docker-registry service the package started (tests run their own on 127.0.0.1)"
+      systemctl disable --now docker-registry.service >/dev/null 2>&1 || true
+    fi ;;
+  esac
+fi
+still=()
+for cmd in "${!NEED[@]}"; do
+  command -v "$cmd" >/dev/null 2>&1 || still+=("$cmd (package ${NEED[$cmd]})")
+done
+if [ ${#still[@]} -gt 0 ]; then
+  echo "siesta: still missing after installing:" >&2
+  printf '  %s\n' "${still[@]}" >&2
+  exit 1
+fi
