@@ -7,6 +7,7 @@
 #   initramfs    initramfs.img                       (build-initramfs.sh)
 #   rootfs-base  rootfs-base.img  Debian 12 minbase  (build-rootfs.sh base)
 #   rootfs-tiny  rootfs-tiny.img  busybox            (build-rootfs.sh tiny)
+#   siesta-agent the static agent (with AGENT_BIN), for builds from images
 # Default: all four. The rootfs targets need AGENT_BIN (path to the static
 # siesta-agent). A target is skipped when its output is newer than all of its
 # inputs (scripts, modules, agent binary) and, for the images, the agent's
@@ -87,5 +88,12 @@ for t in "${targets[@]}"; do
         fi ;;
     esac
 done
+# The agent itself, for templates built from OCI images (they get it
+# injected at build time).
+if [ -n "${AGENT_BIN:-}" ] && ! cmp -s "$AGENT_BIN" "$assets/siesta-agent"; then
+    log "agent: installing $assets/siesta-agent"
+    install -m 0755 "$AGENT_BIN" "$assets/siesta-agent.tmp"
+    mv "$assets/siesta-agent.tmp" "$assets/siesta-agent"
+fi
 log "assets in $assets:"
 ls -l "$assets" | sed 's/^/[guest]   /' >&2

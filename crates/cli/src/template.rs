@@ -5,20 +5,34 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
+use siesta_image::Credentials;
 use siesta_sandbox::template::dockerfile::{self, Instruction};
 use siesta_sandbox::template::{self, BuildOptions, BuildSource, Step, StepsBuild};
 use siesta_sandbox::{Node, NodeConfig};
 
+// Parsed once per process: the size of the `Build` variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(clap::Subcommand)]
 pub enum TemplateCommand {
     /// Boot an image, wait for its agent, and freeze it into a template.
     Build {
         /// Template name.
         name: String,
-        /// Root filesystem image (`$SIESTA_HOME/assets/rootfs-IMAGE.img`);
-        /// defaults to the template name.
+        /// What to build from: a root file system of the node's assets
+        /// (`base`, `tiny`: `$SIESTA_HOME/assets/rootfs-IMAGE.img`), else an
+        /// OCI image (`debian:12`, `127.0.0.1:5000/team/app:1`,
+        /// `oci:DIR[:TAG]`, `docker-archive:FILE`). Default: the asset named
+        /// like the template.
         #[arg(long)]
         image: Option<String>,
+        /// Registry user for `--image` or the Dockerfile's FROM image; the
+        /// password is read from SIESTA_REGISTRY_PASSWORD.
+        #[arg(long)]
+        registry_user: Option<String>,
+        /// Started after the steps and left running in the template (the
+        /// Dockerfile's CMD/ENTRYPOINT when there is one).
+        #[arg(long)]
+        start_cmd: Option<String>,
         /// Rebuild a template that exists.
         #[arg(long)]
         force: bool,
@@ -45,6 +59,10 @@ pub enum TemplateCommand {
         /// Memory of the template's VM in MiB (default: the source's).
         #[arg(long)]
         memory_mib: Option<u32>,
+        /// Size of the template's disk in MiB (default: an image's files
+        /// plus 1 GiB free; a template's disk as it is).
+        #[arg(long)]
+        disk_mib: Option<u32>,
         /// `text` (progress lines) or `json` (one JSON object per line).
         #[arg(long, default_value = "text")]
         output: String,
@@ -61,6 +79,8 @@ pub async fn run(cmd: TemplateCommand) -> anyhow::Result<ExitCode> {
         TemplateCommand::Build {
             name,
             image,
+            registry_user,
+            start_cmd,
             force,
             if_missing,
             file,
@@ -69,29 +89,38 @@ pub async fn run(cmd: TemplateCommand) -> anyhow::Result<ExitCode> {
             ready_cmd,
             cpus,
             memory_mib,
+            disk_mib,
             output,
         } => {
             // Its own network tag: a build never touches a server's slots.
             config.net_tag = "b".into();
             config.warm_slots = 0;
-            if let Some(file) = file {
-                let req = DockerfileBuild {
-                    name,
-                    file,
-                    context,
-                    build_args,
-                    ready_cmd,
-                    cpus,
-                    memory_mib,
-                    force,
-                    json: parse_output(&output)?,
-                };
-                return build_dockerfile(config, req).await;
-            }
             if if_missing {
                 if let Ok(t) = template::Template::open(&config.layout(), &name) {
                     return complete_existing(config, t).await;
                 }
+            }
+            let credentials = registry_credentials(registry_user)?;
+            let oci_image = image
+                .clone()
+                .filter(|i| file.is_some() || !config.layout().image(i).exists());
+            if file.is_some() || oci_image.is_some() {
+                let req = StepsRequest {
+                    name,
+                    file,
+                    image: oci_image,
+                    credentials,
+                    context,
+                    build_args,
+                    start_cmd,
+                    ready_cmd,
+                    cpus,
+                    memory_mib,
+                    disk_mib,
+                    force,
+                    json: parse_output(&output)?,
+                };
+                return build_steps(config, req).await;
             }
             let node = Node::start(config).await?;
             let opts = BuildOptions {
@@ -143,21 +172,54 @@ fn parse_output(output: &str) -> anyhow::Result<bool> {
     }
 }
 
-/// `siesta template build NAME -f FILE [CONTEXT]`.
-struct DockerfileBuild {
+/// `--registry-user` with SIESTA_REGISTRY_PASSWORD (never on the command
+/// line, where other users of the machine can read it).
+fn registry_credentials(user: Option<String>) -> anyhow::Result<Option<Credentials>> {
+    let Some(username) = user else {
+        return Ok(None);
+    };
+    let password = std::env::var("SIESTA_REGISTRY_PASSWORD").map_err(|_| {
+        anyhow::anyhow!("--registry-user {username}: set its password in SIESTA_REGISTRY_PASSWORD")
+    })?;
+    Ok(Some(Credentials { username, password }))
+}
+
+/// `siesta template build NAME -f FILE [CONTEXT]` or `--image REF`.
+struct StepsRequest {
     name: String,
-    file: PathBuf,
+    file: Option<PathBuf>,
+    image: Option<String>,
+    credentials: Option<Credentials>,
     context: Option<PathBuf>,
     build_args: Vec<String>,
+    start_cmd: Option<String>,
     ready_cmd: Option<String>,
     cpus: Option<u32>,
     memory_mib: Option<u32>,
+    disk_mib: Option<u32>,
     force: bool,
     json: bool,
 }
 
-async fn build_dockerfile(config: NodeConfig, req: DockerfileBuild) -> anyhow::Result<ExitCode> {
-    let plan = plan_dockerfile(&config, &req)?;
+async fn build_steps(config: NodeConfig, req: StepsRequest) -> anyhow::Result<ExitCode> {
+    let plan = match &req.file {
+        Some(file) => plan_dockerfile(&config, &req, file)?,
+        None => StepsBuild {
+            name: req.name.clone(),
+            source: BuildSource::Image {
+                reference: req.image.clone().unwrap_or_default(),
+                credentials: req.credentials.clone(),
+            },
+            steps: Vec::new(),
+            start_cmd: req.start_cmd.clone(),
+            ready_cmd: req.ready_cmd.clone(),
+            vcpus: req.cpus,
+            memory_mib: req.memory_mib,
+            disk_mib: req.disk_mib,
+            min_free_disk_mib: None,
+            force: req.force,
+        },
+    };
     let node = Node::start(config).await?;
     let json = req.json;
     let log: template::BuildLog = std::sync::Arc::new(move |level, phase, msg| {
@@ -195,9 +257,13 @@ async fn build_dockerfile(config: NodeConfig, req: DockerfileBuild) -> anyhow::R
 }
 
 /// Reads the Dockerfile and archives its COPY sources into build steps.
-fn plan_dockerfile(config: &NodeConfig, req: &DockerfileBuild) -> anyhow::Result<StepsBuild> {
-    let text = std::fs::read_to_string(&req.file)
-        .with_context(|| format!("reading {}", req.file.display()))?;
+fn plan_dockerfile(
+    config: &NodeConfig,
+    req: &StepsRequest,
+    file: &std::path::Path,
+) -> anyhow::Result<StepsBuild> {
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
     let mut args = BTreeMap::new();
     for pair in &req.build_args {
         let (k, v) = pair
@@ -205,12 +271,11 @@ fn plan_dockerfile(config: &NodeConfig, req: &DockerfileBuild) -> anyhow::Result
             .with_context(|| format!("--build-arg {pair:?}: use NAME=VALUE"))?;
         args.insert(k.to_string(), v.to_string());
     }
-    let parsed = dockerfile::parse(&text, &args)
-        .map_err(|e| anyhow::anyhow!("{}: {e}", req.file.display()))?;
+    let parsed =
+        dockerfile::parse(&text, &args).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
     let context = match &req.context {
         Some(c) => c.clone(),
-        None => req
-            .file
+        None => file
             .parent()
             .map_or_else(|| PathBuf::from("."), PathBuf::from),
     };
@@ -251,28 +316,39 @@ fn plan_dockerfile(config: &NodeConfig, req: &DockerfileBuild) -> anyhow::Result
     }
     Ok(StepsBuild {
         name: req.name.clone(),
-        source: BuildSource::Template(source_template(&parsed.from)?),
+        source: build_source(config, &parsed.from, req.image.as_deref(), &req.credentials),
         steps,
-        start_cmd: parsed.start_cmd,
+        start_cmd: parsed.start_cmd.or_else(|| req.start_cmd.clone()),
         ready_cmd: req.ready_cmd.clone(),
         vcpus: req.cpus,
         memory_mib: req.memory_mib,
+        disk_mib: req.disk_mib,
+        min_free_disk_mib: None,
         force: req.force,
     })
 }
 
-/// `FROM`: a template of this node; E2B's base image means `base`.
-fn source_template(from: &str) -> anyhow::Result<String> {
+/// `FROM` (or `--image`, which overrides it): a template of this node when
+/// one has that name (E2B's base image means `base`), else an OCI image.
+fn build_source(
+    config: &NodeConfig,
+    from: &str,
+    image: Option<&str>,
+    credentials: &Option<Credentials>,
+) -> BuildSource {
+    let from = image.unwrap_or(from);
     let repo = from.split([':', '@']).next().unwrap_or("");
     if matches!(repo, "e2bdev/base" | "docker.io/e2bdev/base") {
-        return Ok("base".into());
+        return BuildSource::Template("base".into());
     }
-    if from.contains('/') || from.contains(':') {
-        anyhow::bail!(
-            "FROM {from}: building from OCI images is not supported yet; FROM names a template of this node (`siesta template list`)"
-        );
+    let plain_name = !from.contains(['/', ':', '@']);
+    if plain_name && template::Template::open(&config.layout(), from).is_ok() {
+        return BuildSource::Template(from.to_string());
     }
-    Ok(from.to_string())
+    BuildSource::Image {
+        reference: from.to_string(),
+        credentials: credentials.clone(),
+    }
 }
 
 fn print_built(t: &template::Template) {

@@ -23,7 +23,7 @@ mod unpack;
 pub use config::ImageConfig;
 pub use error::{ImageError, Result};
 pub use source::{Credentials, FetchOptions, ImageSource};
-pub use store::BlobStore;
+pub use store::{hash_file, BlobStore};
 pub use unpack::{unpack_layers, UnpackStats};
 
 /// Receives progress lines (`layer 2/5 1a2b3c (12.3 MiB): pulling`).

@@ -75,6 +75,10 @@ pub struct NodeConfig {
     /// Skip re-applying a pooled slot's egress policy when it is already
     /// the one asked for (`SIESTA_POLICY_SKIP=0|1`, default on).
     pub policy_skip: bool,
+    /// Registries (`host` or `host:port`) that image builds reach over plain
+    /// HTTP (`SIESTA_INSECURE_REGISTRIES`, comma-separated); loopback ones
+    /// always are.
+    pub insecure_registries: Vec<String>,
 }
 
 impl NodeConfig {
@@ -99,6 +103,7 @@ impl NodeConfig {
             prefetch_pad_kib: 64,
             prealloc_memory: false,
             policy_skip: true,
+            insecure_registries: Vec::new(),
         }
     }
 
@@ -134,6 +139,14 @@ impl NodeConfig {
             config.prefetch_pad_kib = kib
                 .parse()
                 .map_err(|e| format!("SIESTA_PREFETCH_PAD_KIB={kib:?}: {e}"))?;
+        }
+        if let Ok(list) = std::env::var("SIESTA_INSECURE_REGISTRIES") {
+            config.insecure_registries = list
+                .split(',')
+                .map(str::trim)
+                .filter(|r| !r.is_empty())
+                .map(str::to_string)
+                .collect();
         }
         if let Some(on) = env_flag("SIESTA_PREALLOC")? {
             config.prealloc_memory = on;

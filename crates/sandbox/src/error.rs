@@ -83,6 +83,10 @@ pub enum Error {
 
     #[error(transparent)]
     Store(#[from] crate::store::StoreError),
+
+    /// An image source could not be fetched or unpacked.
+    #[error(transparent)]
+    Image(#[from] siesta_image::ImageError),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -39,6 +39,15 @@ impl Layout {
     pub fn image(&self, image: &str) -> PathBuf {
         self.home.join(format!("assets/rootfs-{image}.img"))
     }
+    /// The static guest agent that builds from images put into their
+    /// guests (guest/build-assets.sh installs it).
+    pub fn agent_bin(&self) -> PathBuf {
+        self.home.join("assets/siesta-agent")
+    }
+    /// OCI blobs (layers, configs, manifests) by digest.
+    pub fn image_cache(&self) -> PathBuf {
+        self.home.join("cache/oci")
+    }
     /// The snapshot repository (see `docs/snapshots.md`).
     pub fn repo(&self) -> PathBuf {
         self.home.join("repo")

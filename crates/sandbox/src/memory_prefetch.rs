@@ -161,6 +161,7 @@ mod tests {
             defaults: Default::default(),
             parent: None,
             build_key: None,
+            source_image: None,
         };
         let state = dir.join("state.bin");
         std::fs::write(&state, b"s").unwrap();

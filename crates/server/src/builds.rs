@@ -55,6 +55,8 @@ pub struct Build {
     pub template: String,
     pub vcpus: Option<u32>,
     pub memory_mib: Option<u32>,
+    /// E2B's `minFreeDiskMb`: free space the template's disk keeps.
+    pub min_free_disk_mib: Option<u32>,
     /// Tags the template gets when the build is ready.
     pub tags: Vec<String>,
     pub status: BuildStatus,
@@ -94,6 +96,7 @@ impl Builds {
         template: &str,
         vcpus: Option<u32>,
         memory_mib: Option<u32>,
+        min_free_disk_mib: Option<u32>,
         tags: Vec<String>,
     ) -> String {
         let id = new_build_id();
@@ -103,6 +106,7 @@ impl Builds {
                 template: template.to_string(),
                 vcpus,
                 memory_mib,
+                min_free_disk_mib,
                 tags,
                 status: BuildStatus::Waiting,
                 entries: Vec::new(),

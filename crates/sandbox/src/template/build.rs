@@ -240,6 +240,7 @@ async fn freeze_into(
         defaults: Default::default(),
         parent: None,
         build_key: None,
+        source_image: None,
     };
     record.store(work)?;
     Ok(record)

@@ -1,7 +1,8 @@
-//! Builds a template from steps: boot a VM on a copy of the source
-//! template's disk, run the steps in it through the agent, start the start
-//! command and wait for its ready check, then freeze the VM as the new
-//! template. Its sandboxes resume with the start command's process running.
+//! Builds a template from steps: boot a VM on the base disk (a copy of the
+//! source template's, or one written from an OCI image by `from_image.rs`),
+//! run the steps in it through the agent, start the start command and wait
+//! for its ready check, then freeze the VM as the new template. Its
+//! sandboxes resume with the start command's process running.
 //!
 //! Phases, as build errors name them (E2B's `reason.step`): `base` (the
 //! source and the boot), `1`, `2`, ... (the steps), `finalize` (start and
@@ -14,15 +15,15 @@ use std::time::{Duration, Instant};
 
 use siesta_vmm::DiskFormat;
 
+use super::base::Base;
 use super::build::{boot_spec, boot_until_healthy, freeze, VmSize};
-use super::record::{self, file_record, TemplateDefaults, TemplateRecord};
-use super::steps::{BuildSource, Step, StepContext, StepsBuild};
+use super::record::{self, file_record, SourceImage, TemplateDefaults, TemplateRecord};
+use super::steps::{Step, StepContext, StepsBuild};
 use super::Template;
 use crate::envd::{EnvdClient, ExecOptions, InitParams};
 use crate::error::{Error, IoContext, Result};
 use crate::layout::validate_name;
 use crate::node::Node;
-use crate::rootfs::copy_sparse;
 use crate::sandbox::GuestDefaults;
 
 /// How long the ready check may take before the build fails.
@@ -63,14 +64,10 @@ pub type BuildLog = Arc<dyn Fn(LogLevel, &BuildPhase, &str) + Send + Sync>;
 pub async fn build_from_steps(node: &Node, build: &StepsBuild, log: &BuildLog) -> Result<Template> {
     validate_name("template", &build.name).map_err(Error::Invalid)?;
     let layout = node.config.layout();
-    let BuildSource::Template(source_name) = &build.source;
-    let source =
-        Template::open(&layout, source_name).map_err(|e| failed(build, BuildPhase::Base, e))?;
-    let source_id = source
-        .snapshot
-        .as_ref()
-        .map_or_else(|| source.record.created_at.to_rfc3339(), |s| s.id.clone());
-    let key = build.cache_key(&source_id);
+    let base = Base::resolve(node, &build.source, log)
+        .await
+        .map_err(|e| failed(build, BuildPhase::Base, e))?;
+    let key = build.cache_key(&base.id());
     if !build.force {
         if let Ok(existing) = Template::open(&layout, &build.name) {
             if existing.record.build_key.as_deref() == Some(key.as_str()) {
@@ -86,7 +83,7 @@ pub async fn build_from_steps(node: &Node, build: &StepsBuild, log: &BuildLog) -
     let work = layout.templates().join(format!(".{}.building", build.name));
     let _ = std::fs::remove_dir_all(&work);
     std::fs::create_dir_all(&work).ctx("creating template build directory", &work)?;
-    let result = assemble(node, build, &source, key, &work, log).await;
+    let result = assemble(node, build, &base, key, &work, log).await;
     let published = result.and_then(|rec| super::publish::publish_template(&layout, &rec, &work));
     let _ = std::fs::remove_dir_all(&work);
     published.map_err(|e| failed(build, BuildPhase::Finalize, e))
@@ -108,25 +105,23 @@ fn failed(build: &StepsBuild, phase: BuildPhase, e: Error) -> Error {
 async fn assemble(
     node: &Node,
     build: &StepsBuild,
-    source: &Template,
+    base: &Base,
     key: String,
     work: &Path,
     log: &BuildLog,
 ) -> Result<TemplateRecord> {
+    let default_size = base.size(node);
     let size = VmSize {
-        vcpus: build.vcpus.unwrap_or(source.record.vcpus),
-        memory_mib: build.memory_mib.unwrap_or(source.record.memory_mib),
+        vcpus: build.vcpus.unwrap_or(default_size.vcpus),
+        memory_mib: build.memory_mib.unwrap_or(default_size.memory_mib),
     };
     let disk = work.join(record::DISK_FILE);
     let memory = work.join(record::MEMORY_FILE);
     let state = work.join(record::STATE_FILE);
     let id = format!("build-{}", build.name);
-    log(
-        LogLevel::Info,
-        &BuildPhase::Base,
-        &format!("from template {}", source.record.name),
-    );
-    copy_sparse(&source.disk_path(), &disk)
+    log(LogLevel::Info, &BuildPhase::Base, &base.describe());
+    let defaults = base
+        .write_disk(node, build, work, &disk, log)
         .await
         .map_err(|e| failed(build, BuildPhase::Base, e))?;
     let spec = boot_spec(
@@ -149,10 +144,7 @@ async fn assemble(
         &format!("VM booted in {:.1} s", started.elapsed().as_secs_f64()),
     );
     let client = node.envd_client(&id, &booted.1, None);
-    let mut ctx = StepContext::starting(
-        source.record.defaults.env.clone(),
-        &source.record.defaults.guest,
-    );
+    let mut ctx = StepContext::starting(defaults.env.clone(), &defaults.guest);
     let ran = run_all(&client, build, &mut ctx, log).await;
     let ran = match ran {
         Ok(()) => finalize(&client, build, &ctx, log).await,
@@ -169,9 +161,21 @@ async fn assemble(
         .map_err(|e| failed(build, BuildPhase::Finalize, e))?;
     let _ = std::fs::remove_dir_all(&run_dir);
     log(LogLevel::Info, &BuildPhase::Finalize, "frozen");
+    let (image, parent, source_image) = match base {
+        Base::Template(t) => (t.record.image.clone(), Some(t.record.name.clone()), None),
+        Base::Image { image, .. } => (
+            image.reference.clone(),
+            None,
+            Some(SourceImage {
+                reference: image.reference.clone(),
+                digest: image.digest.clone(),
+                config: image.config.clone(),
+            }),
+        ),
+    };
     let record = TemplateRecord {
         name: build.name.clone(),
-        image: source.record.image.clone(),
+        image,
         created_at: chrono::Utc::now(),
         vcpus: size.vcpus,
         memory_mib: size.memory_mib,
@@ -190,8 +194,9 @@ async fn assemble(
             },
             start_cmd: build.start_cmd.clone(),
         },
-        parent: Some(source.record.name.clone()),
+        parent,
         build_key: Some(key),
+        source_image,
     };
     record.store(work)?;
     Ok(record)

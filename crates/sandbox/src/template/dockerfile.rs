@@ -1,6 +1,6 @@
 //! The Dockerfile subset `siesta template build -f` reads.
 //!
-//! Supported: `FROM` (a template name, or `e2bdev/base` for `base`; one
+//! Supported: `FROM` (a template name, an OCI image, or `e2bdev/base` for `base`; one
 //! stage), `RUN`, `ENV`, `ARG`, `WORKDIR`, `USER`, `COPY`/`ADD` of local
 //! files (`--chown`, `--chmod`), `CMD`/`ENTRYPOINT` (the start command).
 //! `EXPOSE`, `LABEL`, `MAINTAINER` and `STOPSIGNAL` are accepted and have

@@ -1,9 +1,11 @@
 //! Templates: a booted, ready VM frozen to disk. Sandboxes are born by
 //! resuming one.
 
+mod base;
 mod build;
 mod derive;
 pub mod dockerfile;
+mod from_image;
 mod manifest;
 mod publish;
 pub mod record;
@@ -12,6 +14,7 @@ pub mod tags;
 
 pub use build::{build_template, cold_boot, BuildOptions};
 pub use derive::{build_from_steps, BuildLog, BuildPhase, LogLevel};
+pub use from_image::DEFAULT_FREE_MIB;
 pub use manifest::{record_startup_manifest, spawn_manifest_recording, RecordedManifest};
 pub use record::TemplateRecord;
 pub use steps::{BuildSource, Step, StepsBuild};

@@ -52,6 +52,18 @@ pub struct TemplateRecord {
     /// the template instead of building it again.
     #[serde(default)]
     pub build_key: Option<String>,
+    /// The OCI image it was built from, for a template built from one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_image: Option<SourceImage>,
+}
+
+/// The image a template was built from, and its config as the image had it
+/// (`Entrypoint`, `Cmd` and `ExposedPorts` are recorded, not started).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SourceImage {
+    pub reference: String,
+    pub digest: String,
+    pub config: siesta_image::ImageConfig,
 }
 
 /// The environment a template's sandboxes start in: set by ENV, USER and

@@ -17,6 +17,14 @@ use sha2::{Digest, Sha256};
 pub enum BuildSource {
     /// An existing template's disk (`fromTemplate`, `FROM <template>`).
     Template(String),
+    /// An OCI image (`fromImage`, `FROM <image>`, `--image`): a registry
+    /// reference, `oci:DIR[:TAG]` or `docker-archive:FILE`.
+    Image {
+        reference: String,
+        /// Registry credentials; never part of the cache key or a log.
+        #[serde(skip)]
+        credentials: Option<siesta_image::Credentials>,
+    },
 }
 
 /// One build step, in the order the user gave them.
@@ -85,6 +93,14 @@ pub struct StepsBuild {
     /// vCPUs and memory of the template's VM; the node's defaults if `None`.
     pub vcpus: Option<u32>,
     pub memory_mib: Option<u32>,
+    /// Size of the template's disk in MiB; for an image, what its files
+    /// take plus [`super::DEFAULT_FREE_MIB`] if `None`; for a template, its
+    /// disk grown to this size.
+    pub disk_mib: Option<u32>,
+    /// Free space the disk keeps at least (E2B's `minFreeDiskMb`): an
+    /// image's disk gets this instead of the default free space; a
+    /// template's disk grows when it has less.
+    pub min_free_disk_mib: Option<u32>,
     /// Build even if an identical build already produced the template.
     #[serde(skip)]
     pub force: bool,
@@ -103,6 +119,8 @@ impl StepsBuild {
             ready_cmd: &'a Option<String>,
             vcpus: Option<u32>,
             memory_mib: Option<u32>,
+            disk_mib: Option<u32>,
+            min_free_disk_mib: Option<u32>,
         }
         let steps = self
             .steps
@@ -126,6 +144,8 @@ impl StepsBuild {
             ready_cmd: &self.ready_cmd,
             vcpus: self.vcpus,
             memory_mib: self.memory_mib,
+            disk_mib: self.disk_mib,
+            min_free_disk_mib: self.min_free_disk_mib,
         };
         let bytes = serde_json::to_vec(&keyed).unwrap_or_default();
         hex::encode(Sha256::digest(bytes))
@@ -175,6 +195,8 @@ mod tests {
             ready_cmd: None,
             vcpus: None,
             memory_mib: None,
+            disk_mib: None,
+            min_free_disk_mib: None,
             force: false,
         }
     }

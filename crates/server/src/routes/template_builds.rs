@@ -42,6 +42,7 @@ pub struct NewTemplate {
     cpu_count: Option<u32>,
     #[serde(rename = "memoryMB")]
     memory_mb: Option<u32>,
+    min_free_disk_mb: Option<u32>,
 }
 
 /// `name` or `name:tag` → the template name (tags are not kept apart yet).
@@ -74,9 +75,13 @@ pub async fn create(
     if let Some((_, tag)) = raw.split_once(':') {
         tags.push(tag.to_string());
     }
-    let build_id = st
-        .builds
-        .create(&name, req.cpu_count, req.memory_mb, tags.clone());
+    let build_id = st.builds.create(
+        &name,
+        req.cpu_count,
+        req.memory_mb,
+        req.min_free_disk_mb,
+        tags.clone(),
+    );
     if tags.is_empty() {
         tags.push("default".to_string());
     }
@@ -202,6 +207,7 @@ fn io_err(what: &str, path: &std::path::Path, e: std::io::Error) -> ApiError {
 #[serde(rename_all = "camelCase")]
 pub struct StartBuild {
     from_image: Option<String>,
+    from_image_registry: Option<ImageRegistry>,
     from_template: Option<String>,
     #[serde(default)]
     force: bool,
@@ -209,6 +215,16 @@ pub struct StartBuild {
     steps: Vec<StepBody>,
     start_cmd: Option<String>,
     ready_cmd: Option<String>,
+}
+
+/// `fromImageRegistry`: how to log in to the image's registry.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ImageRegistry {
+    #[serde(rename = "type")]
+    kind: String,
+    username: Option<String>,
+    password: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -258,6 +274,8 @@ pub async fn start(
         ready_cmd: req.ready_cmd.filter(|c| !c.trim().is_empty()),
         vcpus: build.vcpus,
         memory_mib: build.memory_mib,
+        disk_mib: None,
+        min_free_disk_mib: build.min_free_disk_mib,
         force: req.force || req.steps.iter().any(|s| s.force),
     };
     st.builds.set_status(&build_id, BuildStatus::Building, None);
@@ -271,14 +289,49 @@ fn source_of(req: &StartBuild) -> Result<BuildSource, ApiError> {
         (None, Some(image)) if is_e2b_base(image) => {
             Ok(BuildSource::Template(DEFAULT_TEMPLATE.into()))
         }
-        (None, Some(image)) => Err(ApiError::new(
+        (None, Some(image)) => Ok(BuildSource::Image {
+            reference: image_reference(image)?,
+            credentials: credentials_of(req.from_image_registry.as_ref())?,
+        }),
+        (None, None) => Ok(BuildSource::Template(DEFAULT_TEMPLATE.into())),
+    }
+}
+
+/// A registry reference (local `oci:`/`docker-archive:` paths are the CLI's:
+/// an API client must not make the server read its files).
+fn image_reference(image: &str) -> Result<String, ApiError> {
+    let bad = |m: String| ApiError::new(StatusCode::BAD_REQUEST, m);
+    match siesta_image::ImageSource::parse(image) {
+        Ok(siesta_image::ImageSource::Registry(_)) => Ok(image.to_string()),
+        Ok(_) => Err(bad(format!(
+            "fromImage {image:?}: only registry images can be built through the API; \
+             build local layouts and archives with `siesta template build NAME --image {image}`"
+        ))),
+        Err(e) => Err(bad(format!("fromImage: {e}"))),
+    }
+}
+
+fn credentials_of(
+    registry: Option<&ImageRegistry>,
+) -> Result<Option<siesta_image::Credentials>, ApiError> {
+    let Some(r) = registry else { return Ok(None) };
+    match r.kind.as_str() {
+        "registry" => match (&r.username, &r.password) {
+            (Some(u), Some(p)) => Ok(Some(siesta_image::Credentials {
+                username: u.clone(),
+                password: p.clone(),
+            })),
+            _ => Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "fromImageRegistry of type registry needs username and password",
+            )),
+        },
+        other => Err(ApiError::new(
             StatusCode::BAD_REQUEST,
             format!(
-                "building from the image {image:?} is not supported on this node yet: \
-                 build from a template (fromTemplate, Template().from_template(\"base\"))"
+                "fromImageRegistry type {other:?} is not supported (only \"registry\", with username and password)"
             ),
         )),
-        (None, None) => Ok(BuildSource::Template(DEFAULT_TEMPLATE.into())),
     }
 }
 
