@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs what only the tests need (make test calls it after
 # install-deps.sh): an OCI registry server and the tools that make and push
-# images without Docker, and htpasswd for a registry that needs a password. Idempotent; run as root on Debian 12.
+# images without Docker, htpasswd for a registry that needs a password, and
+# Node.js with npm for the JS SDK's test (only when no node is installed: the
+# machine's own, newer one is never replaced). Idempotent; run as root on Debian 12.
 #
 # Debian's docker-registry package ships a service that listens on :5000 on
 # every interface. The tests start their own registry on 127.0.0.1 with
@@ -14,6 +16,8 @@ declare -A NEED=(
   [skopeo]=skopeo
   [umoci]=umoci
   [htpasswd]=apache2-utils
+  [node]=nodejs
+  [npm]=npm
 )
 missing=()
 for cmd in "${!NEED[@]}"; do
