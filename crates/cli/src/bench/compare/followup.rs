@@ -53,7 +53,9 @@ fn arms(what: Compare) -> (PoolOptions, PoolOptions) {
             },
             on,
         ),
-        Compare::Prefetch => unreachable!("prefetch has its own experiment"),
+        Compare::Prefetch | Compare::Templates => {
+            unreachable!("prefetch and templates have their own experiments")
+        }
     }
 }
 
@@ -63,6 +65,7 @@ fn label(what: Compare) -> &'static str {
         Compare::Prealloc => "prealloc",
         Compare::PolicySkip => "policy-skip",
         Compare::Prefetch => "prefetch",
+        Compare::Templates => "templates",
     }
 }
 
@@ -139,7 +142,7 @@ async fn measure(
 
 /// A baseline resume, then the timed one with the memory file resident;
 /// `None` when the residency check failed.
-async fn one_trial(
+pub(super) async fn one_trial(
     node: &Arc<Node>,
     pool: &Arc<VmmPool>,
     tpl: &Template,
@@ -166,7 +169,7 @@ async fn one_trial(
 }
 
 /// The part of a resume the host spends: everything but the guest's stages.
-fn host_ms(t: &StageTimings) -> f64 {
+pub(super) fn host_ms(t: &StageTimings) -> f64 {
     t.total_ms - t.get(Stage::GuestHealth) - t.get(Stage::AgentInit)
 }
 

@@ -9,9 +9,12 @@
 //! - `pool`, `prealloc`, `policy-skip` ([`followup`]): the seed's other
 //!   follow-ups, each work the VMM pool can take off the resume path, as
 //!   off/on pairs with the memory file warm.
+//! - `templates` ([`templates`]): resumes of two templates side by side
+//!   (`--template A --against B`), say `base` and one built from an image.
 
 mod followup;
 mod prefetch;
+mod templates;
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -39,6 +42,8 @@ pub enum Compare {
     /// Skipping an unchanged egress policy on a reused slot against
     /// re-applying it.
     PolicySkip,
+    /// Resumes of `--template` against those of `--against`.
+    Templates,
 }
 
 /// Attempts per trial before the run is abandoned.
@@ -49,9 +54,13 @@ const POOL_WAIT: Duration = Duration::from_secs(120);
 pub async fn run(
     what: Compare,
     template: &str,
+    against: Option<&str>,
     blocks: usize,
     json: bool,
 ) -> anyhow::Result<ExitCode> {
+    if what == Compare::Templates && against.is_none() {
+        bail!("--compare templates needs --against OTHER_TEMPLATE");
+    }
     if blocks < 2 {
         bail!("--blocks must be at least 2 for intervals");
     }
@@ -61,6 +70,10 @@ pub async fn run(
     let node = Node::start(config).await?;
     let outcome = match what {
         Compare::Prefetch => prefetch::run(&node, &layout, template, blocks, json).await,
+        Compare::Templates => {
+            let names = [template, against.unwrap_or_default()];
+            templates::run(&node, &layout, names, blocks, json).await
+        }
         other => followup::run(&node, &layout, other, template, blocks, json).await,
     };
     node.shutdown().await;
