@@ -93,3 +93,21 @@ def test_pty_kill(sbx):
     with pytest.raises(CommandExitException):
         h.wait()
     assert sbx.pty.kill(h.pid) is False
+
+
+def test_default_template_has_the_tools_agents_expect(sbx):
+    """`base` (issue 10): python3 with ssl, pip and venv, node with npm,
+    git, curl and sudo, as the user the SDK runs commands as."""
+    checks = [
+        "python3 -c 'import json,ssl,venv'",
+        "pip --version",
+        "node -e 1",
+        "npm --version",
+        "git --version",
+        "curl --version",
+        "sudo -n true",
+        "ps -p 1 -o comm=",
+    ]
+    for cmd in checks:
+        r = sbx.commands.run(cmd)
+        assert r.exit_code == 0, f"{cmd}: {r.stdout}{r.stderr}"
