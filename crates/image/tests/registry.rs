@@ -158,6 +158,50 @@ fn push(layout: &Path, dest: &str, extra: &[&str]) {
 
 fn quiet(_: &str) {}
 
+/// Adds to the layout an index tagged `tag` whose entries point to image
+/// `tiny`'s manifest under each of `platforms` (`(os, arch)`), as a
+/// multi-arch image lists one manifest per platform.
+fn add_index(layout: &Path, tag: &str, platforms: &[(&str, &str)]) {
+    use sha2::Digest;
+    let index_path = layout.join("index.json");
+    let mut index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&index_path).unwrap()).unwrap();
+    let tiny = index["manifests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["annotations"]["org.opencontainers.image.ref.name"] == "tiny")
+        .unwrap()
+        .clone();
+    let entries: Vec<serde_json::Value> = platforms
+        .iter()
+        .map(|(os, arch)| {
+            serde_json::json!({
+                "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                "digest": tiny["digest"], "size": tiny["size"],
+                "platform": {"os": os, "architecture": arch},
+            })
+        })
+        .collect();
+    let blob = serde_json::to_vec(&serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.index.v1+json",
+        "manifests": entries,
+    }))
+    .unwrap();
+    let hex = hex::encode(sha2::Sha256::digest(&blob));
+    std::fs::write(layout.join("blobs/sha256").join(&hex), &blob).unwrap();
+    index["manifests"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({
+            "mediaType": "application/vnd.oci.image.index.v1+json",
+            "digest": format!("sha256:{hex}"), "size": blob.len(),
+            "annotations": {"org.opencontainers.image.ref.name": tag},
+        }));
+    std::fs::write(&index_path, serde_json::to_vec(&index).unwrap()).unwrap();
+}
+
 fn check_unpacked(store: &BlobStore, layers: &[String], root: &Path) {
     unpack_layers(store, layers, root).unwrap();
     assert_eq!(
@@ -240,6 +284,42 @@ async fn pulls_oci_and_docker_manifests_once_and_reads_local_images() {
         std::fs::read_dir(store.dir().join("tmp")).unwrap().count(),
         0
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn multi_arch_indexes_give_their_linux_amd64_image() {
+    let dir = tempfile::tempdir().unwrap();
+    let layout = make_layout(dir.path());
+    add_index(&layout, "multi", &[("linux", "arm64"), ("linux", "amd64")]);
+    add_index(&layout, "armonly", &[("linux", "arm64")]);
+    let reg = Registry::start(dir.path(), None);
+    for tag in ["multi", "armonly"] {
+        run(Command::new("skopeo")
+            .args(["copy", "--quiet", "--all", "--dest-tls-verify=false"])
+            .arg(format!("oci:{}:{tag}", layout.display()))
+            .arg(format!("docker://{}:{tag}", reg.name("test/tiny"))));
+    }
+    let store = BlobStore::open(dir.path().join("cache")).unwrap();
+    let opts = FetchOptions::default();
+    for source in [
+        format!("{}:multi", reg.name("test/tiny")),
+        format!("oci:{}:multi", layout.display()),
+    ] {
+        let image = fetch(&ImageSource::parse(&source).unwrap(), &opts, &store, &quiet)
+            .await
+            .unwrap_or_else(|e| panic!("{source}: {e}"));
+        assert_eq!(image.layers.len(), 2, "{source}");
+        assert_eq!(image.config.workdir.as_deref(), Some("/srv"), "{source}");
+    }
+    for source in [
+        format!("{}:armonly", reg.name("test/tiny")),
+        format!("oci:{}:armonly", layout.display()),
+    ] {
+        let e = fetch(&ImageSource::parse(&source).unwrap(), &opts, &store, &quiet)
+            .await
+            .unwrap_err();
+        assert!(matches!(e, ImageError::NoPlatform { .. }), "{source}: {e}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
