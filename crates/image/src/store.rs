@@ -20,14 +20,35 @@ pub struct BlobStore {
 }
 
 impl BlobStore {
-    /// Opens (creating) the store in `dir`.
+    /// Opens (creating) the store in `dir`, removing downloads that a
+    /// process no longer running left half-written.
     pub fn open(dir: impl Into<PathBuf>) -> Result<Self> {
         let dir = dir.into();
         for sub in ["sha256", "tmp"] {
             let d = dir.join(sub);
             std::fs::create_dir_all(&d).ctx("creating the image blob cache", &d)?;
         }
-        Ok(Self { dir })
+        let store = Self { dir };
+        store.remove_orphaned_downloads();
+        Ok(store)
+    }
+
+    /// Temporary files are named `<pid>-<random>`: those of a pid that is
+    /// gone (a killed build) are removed; live ones are another build's.
+    fn remove_orphaned_downloads(&self) {
+        let Ok(entries) = std::fs::read_dir(self.dir.join("tmp")) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let pid = name
+                .to_str()
+                .and_then(|n| n.split('-').next()?.parse::<u32>().ok());
+            let alive = pid.is_some_and(|p| Path::new(&format!("/proc/{p}")).exists());
+            if !alive {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
     }
 
     pub fn dir(&self) -> &Path {
@@ -180,6 +201,20 @@ mod tests {
             std::fs::read_dir(dir.path().join("tmp")).unwrap().count(),
             0
         );
+    }
+
+    #[test]
+    fn downloads_of_dead_processes_are_removed_on_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = BlobStore::open(dir.path()).unwrap();
+        let mine = store.temp_path();
+        std::fs::write(&mine, b"in progress").unwrap();
+        // No process has pid 4194304 + 1 (above the kernel's pid_max limit).
+        let dead = dir.path().join("tmp").join("4194305-00");
+        std::fs::write(&dead, b"torn").unwrap();
+        BlobStore::open(dir.path()).unwrap();
+        assert!(mine.exists(), "a live process's download was removed");
+        assert!(!dead.exists());
     }
 
     #[test]
