@@ -221,18 +221,7 @@ async fn build_steps(config: NodeConfig, req: StepsRequest) -> anyhow::Result<Ex
         },
     };
     let node = Node::start(config).await?;
-    let json = req.json;
-    let log: template::BuildLog = std::sync::Arc::new(move |level, phase, msg| {
-        if json {
-            let level = format!("{level:?}").to_lowercase();
-            println!(
-                "{}",
-                serde_json::json!({"step": phase.to_string(), "level": level, "message": msg})
-            );
-        } else {
-            println!("[{phase}] {msg}");
-        }
-    });
+    let log = build_log(req.json);
     let built = template::build_from_steps(&node, &plan, &log).await;
     let manifest = match (&built, node.config.record_manifest) {
         (Ok(t), true) if t.snapshot.as_ref().is_some_and(|s| s.manifest.is_none()) => {
@@ -245,7 +234,7 @@ async fn build_steps(config: NodeConfig, req: StepsRequest) -> anyhow::Result<Ex
     if let Some(Err(e)) = manifest {
         eprintln!("siesta: startup manifest not recorded (resumes will not prefetch): {e}");
     }
-    if json {
+    if req.json {
         println!(
             "{}",
             serde_json::json!({"template": t.record.name, "status": "ready"})
@@ -254,6 +243,38 @@ async fn build_steps(config: NodeConfig, req: StepsRequest) -> anyhow::Result<Ex
         print_built(&t);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Build progress: one JSON object per line with `--output json`; else one
+/// line per event, with pull progress drawn as a bar redrawn in place when
+/// stdout is a terminal (and left out when it is not).
+fn build_log(json: bool) -> template::BuildLog {
+    use std::io::{IsTerminal, Write};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let terminal = std::io::stdout().is_terminal();
+    let bar_shown = AtomicBool::new(false);
+    std::sync::Arc::new(move |level, phase, msg| {
+        if level == template::LogLevel::Progress {
+            if terminal && !json {
+                print!("\r\x1b[K[{phase}] {msg}");
+                let _ = std::io::stdout().flush();
+                bar_shown.store(true, Ordering::Relaxed);
+            }
+            return;
+        }
+        if bar_shown.swap(false, Ordering::Relaxed) {
+            print!("\r\x1b[K");
+        }
+        if json {
+            let level = format!("{level:?}").to_lowercase();
+            println!(
+                "{}",
+                serde_json::json!({"step": phase.to_string(), "level": level, "message": msg})
+            );
+        } else {
+            println!("[{phase}] {msg}");
+        }
+    })
 }
 
 /// Reads the Dockerfile and archives its COPY sources into build steps.

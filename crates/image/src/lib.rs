@@ -26,8 +26,22 @@ pub use source::{Credentials, FetchOptions, ImageSource};
 pub use store::{hash_file, BlobStore};
 pub use unpack::{unpack_layers, UnpackStats};
 
-/// Receives progress lines (`layer 2/5 1a2b3c (12.3 MiB): pulling`).
-pub type Progress<'a> = &'a (dyn Fn(&str) + Send + Sync);
+/// What a fetch reports as it goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProgressEvent<'a> {
+    /// A line for the build log (`layer 2/5 1a2b3c (12.3 MiB): pulling`).
+    Line(&'a str),
+    /// Bytes of a layer written so far (every few MiB and at its end), for
+    /// a progress bar.
+    Bytes {
+        layer: &'a str,
+        done: u64,
+        total: u64,
+    },
+}
+
+/// Receives progress events.
+pub type Progress<'a> = &'a (dyn Fn(ProgressEvent<'_>) + Send + Sync);
 
 /// An image whose config is parsed and whose layers are in the store.
 #[derive(Debug, Clone, PartialEq, Eq)]

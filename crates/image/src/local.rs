@@ -11,7 +11,7 @@ use serde_json::Value;
 use crate::config::ImageConfig;
 use crate::error::{ImageError, IoContext, Result};
 use crate::store::BlobStore;
-use crate::{Image, Progress};
+use crate::{Image, Progress, ProgressEvent};
 
 const REF_NAME: &str = "org.opencontainers.image.ref.name";
 
@@ -64,9 +64,17 @@ pub(crate) fn read_layout(
         let d = str_field(layer, "digest").map_err(unusable)?;
         if store.contains(&d) {
             image.cached_layers += 1;
-            progress(&format!("layer {}/{}: cached", i + 1, layers.len()));
+            progress(ProgressEvent::Line(&format!(
+                "layer {}/{}: cached",
+                i + 1,
+                layers.len()
+            )));
         } else {
-            progress(&format!("layer {}/{}: copying", i + 1, layers.len()));
+            progress(ProgressEvent::Line(&format!(
+                "layer {}/{}: copying",
+                i + 1,
+                layers.len()
+            )));
             let p = blob_path(dir, &d)?;
             let mut f = File::open(&p).ctx("opening a layer of the OCI layout", &p)?;
             store.insert(&mut f, Some(&d))?;
@@ -225,11 +233,11 @@ fn copy_archive_layers(
                 .unwrap_or_default(),
         );
         if layers.contains(&member) && !found.iter().any(|(n, _)| n == &member) {
-            progress(&format!(
+            progress(ProgressEvent::Line(&format!(
                 "layer {}/{}: copying",
                 found.len() + 1,
                 layers.len()
-            ));
+            )));
             let digest = store.insert(&mut entry, None)?;
             found.push((member, digest));
         }

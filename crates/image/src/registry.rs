@@ -14,7 +14,7 @@ use crate::config::ImageConfig;
 use crate::error::{ImageError, IoContext, Result};
 use crate::source::FetchOptions;
 use crate::store::BlobStore;
-use crate::{Image, Progress};
+use crate::{Image, Progress, ProgressEvent};
 
 /// Layer media types we can unpack (compression is detected from the bytes).
 const LAYER_TYPES: &[&str] = &[
@@ -46,7 +46,7 @@ pub(crate) async fn pull(
         Some(c) => RegistryAuth::Basic(c.username.clone(), c.password.clone()),
         None => RegistryAuth::Anonymous,
     };
-    progress(&format!("resolving {whole}"));
+    progress(ProgressEvent::Line(&format!("resolving {whole}")));
     let (manifest, digest, config_json) = client
         .pull_manifest_and_config(reference, &auth)
         .await
@@ -67,11 +67,11 @@ pub(crate) async fn pull(
             human(layer.size)
         );
         if store.contains(&layer.digest) {
-            progress(&format!("{label}: cached"));
+            progress(ProgressEvent::Line(&format!("{label}: cached")));
             image.cached_layers += 1;
         } else {
-            progress(&format!("{label}: pulling"));
-            fetch_layer(&client, reference, layer, store).await?;
+            progress(ProgressEvent::Line(&format!("{label}: pulling")));
+            fetch_layer(&client, reference, layer, store, progress).await?;
             image.fetched_layers += 1;
             image.fetched_bytes += u64::try_from(layer.size).unwrap_or(0);
         }
@@ -85,12 +85,21 @@ async fn fetch_layer(
     reference: &Reference,
     layer: &OciDescriptor,
     store: &BlobStore,
+    progress: Progress<'_>,
 ) -> Result<()> {
     let tmp = store.temp_path();
     let file = tokio::fs::File::create(&tmp)
         .await
         .ctx("creating a layer download", &tmp)?;
-    if let Err(e) = client.pull_blob(reference, layer, file).await {
+    let counted = Counting {
+        inner: file,
+        layer: short(&layer.digest).to_string(),
+        done: 0,
+        reported: 0,
+        total: u64::try_from(layer.size).unwrap_or(0),
+        progress,
+    };
+    if let Err(e) = client.pull_blob(reference, layer, counted).await {
         let _ = tokio::fs::remove_file(&tmp).await;
         return Err(classify(&reference.whole(), e));
     }
@@ -103,6 +112,60 @@ async fn fetch_layer(
             detail: format!("verifying a layer stopped: {e}"),
         })??;
     Ok(())
+}
+
+/// A download's writer that reports its bytes every [`REPORT_EVERY`].
+struct Counting<'a> {
+    inner: tokio::fs::File,
+    layer: String,
+    done: u64,
+    reported: u64,
+    total: u64,
+    progress: Progress<'a>,
+}
+
+const REPORT_EVERY: u64 = 4 << 20;
+
+impl Counting<'_> {
+    fn report(&mut self) {
+        self.reported = self.done;
+        (self.progress)(ProgressEvent::Bytes {
+            layer: &self.layer,
+            done: self.done,
+            total: self.total,
+        });
+    }
+}
+
+impl tokio::io::AsyncWrite for Counting<'_> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let polled = std::pin::Pin::new(&mut self.inner).poll_write(cx, buf);
+        if let std::task::Poll::Ready(Ok(n)) = &polled {
+            self.done += *n as u64;
+            if self.done - self.reported >= REPORT_EVERY || self.done == self.total {
+                self.report();
+            }
+        }
+        polled
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
 }
 
 fn check_layer_type(reference: &str, layer: &OciDescriptor) -> Result<()> {

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use siesta_image::{
     fetch, unpack_layers, BlobStore, Credentials, FetchOptions, ImageError, ImageSource,
+    ProgressEvent,
 };
 
 fn run(cmd: &mut Command) {
@@ -156,7 +157,7 @@ fn push(layout: &Path, dest: &str, extra: &[&str]) {
         .arg(dest));
 }
 
-fn quiet(_: &str) {}
+fn quiet(_: ProgressEvent<'_>) {}
 
 /// Adds to the layout an index tagged `tag` whose entries point to image
 /// `tiny`'s manifest under each of `platforms` (`(os, arch)`), as a

@@ -35,6 +35,9 @@ pub enum LogLevel {
     Info,
     Warn,
     Error,
+    /// A progress bar's new state (a layer's bytes): for a terminal, not a
+    /// build log; the server does not record these.
+    Progress,
 }
 
 /// Where a build is, for its log lines and its failure.

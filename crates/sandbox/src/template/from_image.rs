@@ -31,7 +31,14 @@ pub(super) async fn fetch(
     log: &BuildLog,
 ) -> Result<Image> {
     let store = BlobStore::open(node.config.layout().image_cache())?;
-    let progress = |line: &str| log(LogLevel::Info, &BuildPhase::Base, line);
+    let progress = |event: siesta_image::ProgressEvent<'_>| match event {
+        siesta_image::ProgressEvent::Line(line) => log(LogLevel::Info, &BuildPhase::Base, line),
+        siesta_image::ProgressEvent::Bytes { layer, done, total } => log(
+            LogLevel::Progress,
+            &BuildPhase::Base,
+            &progress_bar(layer, done, total),
+        ),
+    };
     let image = siesta_image::fetch(source, opts, &store, &progress).await?;
     log(
         LogLevel::Info,
@@ -47,6 +54,21 @@ pub(super) async fn fetch(
         ),
     );
     Ok(image)
+}
+
+/// `layer 1a2b3c [########------------] 40% 21.8/54.5 MiB`.
+fn progress_bar(layer: &str, done: u64, total: u64) -> String {
+    const WIDTH: u64 = 24;
+    let total = total.max(1);
+    let filled = (done.min(total) * WIDTH / total) as usize;
+    format!(
+        "layer {layer} [{}{}] {:>3}% {:.1}/{:.1} MiB",
+        "#".repeat(filled),
+        "-".repeat(WIDTH as usize - filled),
+        done.min(total) * 100 / total,
+        done as f64 / 1048576.0,
+        total as f64 / 1048576.0
+    )
 }
 
 /// How big an image's disk is: `disk_mib` in all, else what the files use
@@ -414,6 +436,19 @@ fn defaults_of(image: &Image, root: &Path) -> TemplateDefaults {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn progress_bars_fill_with_the_bytes() {
+        assert_eq!(
+            progress_bar("abc", 0, 4 << 20),
+            "layer abc [------------------------]   0% 0.0/4.0 MiB"
+        );
+        assert_eq!(
+            progress_bar("abc", 2 << 20, 4 << 20),
+            "layer abc [############------------]  50% 2.0/4.0 MiB"
+        );
+        assert!(progress_bar("abc", 9, 0).contains("100%"));
+    }
 
     #[test]
     fn disk_sizes_leave_room_or_say_what_fits() {

@@ -426,6 +426,8 @@ async fn run(st: AppState, build_id: String, plan: StepsBuild) {
             template::LogLevel::Info => "info",
             template::LogLevel::Warn => "warn",
             template::LogLevel::Error => "error",
+            // Bars are for terminals; the pull's lines are in the log.
+            template::LogLevel::Progress => return,
         };
         builds.log(&id, level, Some(phase.to_string()), msg);
     });
