@@ -13,7 +13,6 @@ import os
 import subprocess
 import uuid
 
-import httpx
 import pytest
 from e2b import Sandbox, Template, wait_for_port
 from e2b.exceptions import BuildException
@@ -49,16 +48,8 @@ def image(siesta, tmp_path_factory):
         registry.stop()
 
 
-def _api():
-    return httpx.Client(
-        base_url=os.environ["E2B_API_URL"],
-        headers={"X-API-KEY": os.environ["E2B_API_KEY"]},
-        timeout=30,
-    )
-
-
 @pytest.fixture(scope="module")
-def built(image, tmp_path_factory):
+def built(image, api, tmp_path_factory):
     ctx = tmp_path_factory.mktemp("context")
     (ctx / "hello.txt").write_text("hello from COPY\n")
     name = _name("oci")
@@ -75,8 +66,7 @@ def built(image, tmp_path_factory):
     logs = []
     Template.build(template, name, on_build_logs=logs.append)
     yield name, template, logs
-    with _api() as api:
-        api.delete(f"/templates/{name}")
+    api.delete(f"/templates/{name}")
 
 
 def test_image_and_steps_shape_the_sandbox(built):
@@ -104,14 +94,13 @@ def test_image_and_steps_shape_the_sandbox(built):
         sbx.kill()
 
 
-def test_template_api_reports_the_image_template(built):
+def test_template_api_reports_the_image_template(built, api):
     name, _, _ = built
-    with _api() as api:
-        got = api.get(f"/templates/{name}")
-        assert got.status_code == 200, got.text
-        body = got.json()
-        assert body["diskSizeMB"] > 1024, body
-        assert body["buildStatus"] == "ready", body
+    got = api.get(f"/templates/{name}")
+    assert got.status_code == 200, got.text
+    body = got.json()
+    assert body["diskSizeMB"] > 1024, body
+    assert body["buildStatus"] == "ready", body
 
 
 def test_second_build_uses_the_cached_layer(built):
@@ -123,14 +112,13 @@ def test_second_build_uses_the_cached_layer(built):
     assert "unchanged since the last build" in messages, messages
 
 
-def test_unknown_image_is_a_clear_error_and_leaves_nothing(image):
+def test_unknown_image_is_a_clear_error_and_leaves_nothing(image, api):
     repo, _ = image.rsplit(":", 1)
     name = _name("missing")
     with pytest.raises(BuildException) as err:
         Template.build(Template().from_image(f"{repo}:no-such-tag"), name)
     assert "not found" in str(err.value) and "no-such-tag" in str(err.value), str(err.value)
-    with _api() as api:
-        assert api.get(f"/templates/{name}").status_code == 404
+    assert api.get(f"/templates/{name}").status_code == 404
 
 
 def test_too_small_disk_from_the_cli(siesta, image):

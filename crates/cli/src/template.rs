@@ -201,24 +201,35 @@ struct StepsRequest {
     json: bool,
 }
 
+impl StepsRequest {
+    /// The build of `source` with `steps`, sized and forced as asked.
+    fn plan(&self, source: BuildSource, steps: Vec<Step>, start_cmd: Option<String>) -> StepsBuild {
+        StepsBuild {
+            name: self.name.clone(),
+            source,
+            steps,
+            start_cmd,
+            ready_cmd: self.ready_cmd.clone(),
+            vcpus: self.cpus,
+            memory_mib: self.memory_mib,
+            disk_mib: self.disk_mib,
+            min_free_disk_mib: None,
+            force: self.force,
+        }
+    }
+}
+
 async fn build_steps(config: NodeConfig, req: StepsRequest) -> anyhow::Result<ExitCode> {
     let plan = match &req.file {
         Some(file) => plan_dockerfile(&config, &req, file)?,
-        None => StepsBuild {
-            name: req.name.clone(),
-            source: BuildSource::Image {
+        None => req.plan(
+            BuildSource::Image {
                 reference: req.image.clone().unwrap_or_default(),
                 credentials: req.credentials.clone(),
             },
-            steps: Vec::new(),
-            start_cmd: req.start_cmd.clone(),
-            ready_cmd: req.ready_cmd.clone(),
-            vcpus: req.cpus,
-            memory_mib: req.memory_mib,
-            disk_mib: req.disk_mib,
-            min_free_disk_mib: None,
-            force: req.force,
-        },
+            Vec::new(),
+            req.start_cmd.clone(),
+        ),
     };
     let node = Node::start(config).await?;
     let log = build_log(req.json);
@@ -335,18 +346,9 @@ fn plan_dockerfile(
     if !sets_workdir {
         steps.push(Step::Workdir("/home/user".into()));
     }
-    Ok(StepsBuild {
-        name: req.name.clone(),
-        source: build_source(config, &parsed.from, req.image.as_deref(), &req.credentials),
-        steps,
-        start_cmd: parsed.start_cmd.or_else(|| req.start_cmd.clone()),
-        ready_cmd: req.ready_cmd.clone(),
-        vcpus: req.cpus,
-        memory_mib: req.memory_mib,
-        disk_mib: req.disk_mib,
-        min_free_disk_mib: None,
-        force: req.force,
-    })
+    let source = build_source(config, &parsed.from, req.image.as_deref(), &req.credentials);
+    let start_cmd = parsed.start_cmd.or_else(|| req.start_cmd.clone());
+    Ok(req.plan(source, steps, start_cmd))
 }
 
 /// `FROM` (or `--image`, which overrides it): a template of this node when

@@ -49,3 +49,16 @@ impl<T> IoContext<T> for std::io::Result<T> {
         })
     }
 }
+
+/// An error with its causes, one after another (`oci-client` and `tar`
+/// wrap the system's errors).
+pub(crate) fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}

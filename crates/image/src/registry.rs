@@ -11,7 +11,7 @@ use oci_client::secrets::RegistryAuth;
 use oci_client::{Client, Reference};
 
 use crate::config::ImageConfig;
-use crate::error::{ImageError, IoContext, Result};
+use crate::error::{chain, ImageError, IoContext, Result};
 use crate::source::FetchOptions;
 use crate::store::BlobStore;
 use crate::{Image, Progress, ProgressEvent};
@@ -235,18 +235,6 @@ fn classify(reference: &str, e: OciDistributionError) -> ImageError {
         }
         _ => ImageError::Registry { reference, detail },
     }
-}
-
-/// An error with its causes, one after another.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }
 
 pub(crate) fn short(digest: &str) -> &str {

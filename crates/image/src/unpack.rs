@@ -15,7 +15,7 @@ use std::path::{Component, Path, PathBuf};
 
 use flate2::read::MultiGzDecoder;
 
-use crate::error::{ImageError, IoContext, Result};
+use crate::error::{chain, ImageError, IoContext, Result};
 use crate::registry::short;
 use crate::store::BlobStore;
 
@@ -219,18 +219,6 @@ fn unpack_entries(blob: &Path, root: &Path, stats: &mut UnpackStats) -> LayerRes
         stats.entries += 1;
     }
     Ok(())
-}
-
-/// An error with its causes (tar's errors wrap the system's).
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }
 
 /// A directory replacing a file (or a file replacing a directory) from a
