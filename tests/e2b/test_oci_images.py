@@ -10,6 +10,7 @@ cached; unknown images and too small disks fail clearly and leave nothing.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import uuid
 
@@ -46,6 +47,8 @@ def image(siesta, tmp_path_factory):
         yield ref
     finally:
         registry.stop()
+        # The pushed layer is hundreds of MiB: not left for pytest to rotate.
+        shutil.rmtree(work, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

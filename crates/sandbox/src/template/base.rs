@@ -23,6 +23,8 @@ pub(super) enum Base {
         image: Box<siesta_image::Image>,
         /// The agent the image's guest gets: a new one is a new build.
         agent_sha256: String,
+        /// The blob cache its layers are in.
+        store: siesta_image::BlobStore,
     },
 }
 
@@ -42,7 +44,8 @@ impl Base {
                     credentials: credentials.clone(),
                     insecure_registries: node.config.insecure_registries.clone(),
                 };
-                let image = from_image::fetch(node, &parsed, &opts, log).await?;
+                let store = from_image::open_cache(node)?;
+                let image = from_image::fetch(&store, &parsed, &opts, log).await?;
                 let agent = node.config.layout().agent_bin();
                 let agent_sha256 = tokio::task::spawn_blocking(move || {
                     siesta_image::hash_file(&agent).map_err(Error::from)
@@ -52,6 +55,7 @@ impl Base {
                 Ok(Base::Image {
                     image: Box::new(image),
                     agent_sha256,
+                    store,
                 })
             }
         }
@@ -67,6 +71,7 @@ impl Base {
             Base::Image {
                 image,
                 agent_sha256,
+                ..
             } => format!("image {} agent {agent_sha256}", image.digest),
         }
     }
@@ -112,12 +117,12 @@ impl Base {
                 }
                 Ok(t.record.defaults.clone())
             }
-            Base::Image { image, .. } => {
+            Base::Image { image, store, .. } => {
                 let size = from_image::DiskRequest {
                     disk_mib: build.disk_mib,
                     min_free_mib: build.min_free_disk_mib,
                 };
-                from_image::write_disk(node, image, work, disk, size, log).await
+                from_image::write_disk(node, store, image, work, disk, size, log).await
             }
         }
     }

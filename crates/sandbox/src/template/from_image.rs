@@ -23,14 +23,18 @@ use crate::sandbox::GuestDefaults;
 /// names a disk size.
 pub const DEFAULT_FREE_MIB: u64 = 1024;
 
-/// Fetches `source` into the node's image cache.
+/// The node's image cache (`$SIESTA_HOME/cache/oci`).
+pub(super) fn open_cache(node: &Node) -> Result<BlobStore> {
+    Ok(BlobStore::open(node.config.layout().image_cache())?)
+}
+
+/// Fetches `source` into `store`.
 pub(super) async fn fetch(
-    node: &Node,
+    store: &BlobStore,
     source: &ImageSource,
     opts: &FetchOptions,
     log: &BuildLog,
 ) -> Result<Image> {
-    let store = BlobStore::open(node.config.layout().image_cache())?;
     let progress = |event: siesta_image::ProgressEvent<'_>| match event {
         siesta_image::ProgressEvent::Line(line) => log(LogLevel::Info, &BuildPhase::Base, line),
         siesta_image::ProgressEvent::Bytes { layer, done, total } => log(
@@ -39,7 +43,7 @@ pub(super) async fn fetch(
             &progress_bar(layer, done, total),
         ),
     };
-    let image = siesta_image::fetch(source, opts, &store, &progress).await?;
+    let image = siesta_image::fetch(source, opts, store, &progress).await?;
     log(
         LogLevel::Info,
         &BuildPhase::Base,
@@ -84,6 +88,7 @@ pub(super) struct DiskRequest {
 /// unpacked tree while this runs.
 pub(super) async fn write_disk(
     node: &Node,
+    store: &BlobStore,
     image: &Image,
     work: &Path,
     disk: &Path,
@@ -98,7 +103,7 @@ pub(super) async fn write_disk(
             agent.display()
         )));
     }
-    let store = BlobStore::open(layout.image_cache())?;
+    let store = store.clone();
     let root = work.join("rootfs");
     let layers = image.layers.clone();
     let (root_c, image_c) = (root.clone(), image.clone());
