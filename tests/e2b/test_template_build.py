@@ -225,3 +225,56 @@ def test_tags_assign_list_and_remove(built):
         assert sbx.commands.run("cat /etc/siesta-built").stdout.strip() == "built"
     finally:
         sbx.kill()
+
+
+def _layered(last: str, skip_cache_at_second: bool = False):
+    """Four steps; the stamps say whether a step ran again."""
+    t = (
+        Template()
+        .from_template("base")
+        .run_cmd("date +%s%N > /opt/first", user="root")
+        .set_envs({"LAYER": "one"})
+    )
+    if skip_cache_at_second:
+        t = t.skip_cache()
+    return t.run_cmd("date +%s%N > /opt/second", user="root").run_cmd(
+        f"echo {last} > /opt/last", user="root"
+    )
+
+
+def _stamps(name: str) -> list[str]:
+    sbx = Sandbox.create(name)
+    try:
+        out = sbx.commands.run("cat /opt/first /opt/second /opt/last; echo $LAYER")
+        return out.stdout.split()
+    finally:
+        sbx.kill()
+
+
+def test_a_changed_step_reuses_the_steps_before_it(siesta):
+    """Per-step caching: changing the last step runs only that step, on
+    the disk the cached steps left; `skip_cache()` runs from where it is."""
+    name = _name("layers")
+    try:
+        Template.build(_layered("a"), name)
+        first, second, last, env = _stamps(name)
+        assert (last, env) == ("a", "one")
+
+        logs = []
+        Template.build(_layered("b"), name, on_build_logs=logs.append)
+        messages = [e.message for e in logs]
+        assert any("steps 1-3 of 4: cached" in m for m in messages), messages
+        assert not any("[1/4]" in m or "[3/4]" in m for m in messages), messages
+        assert any("[4/4]" in m for m in messages), messages
+        assert _stamps(name) == [first, second, "b", "one"]
+
+        logs = []
+        Template.build(_layered("b", skip_cache_at_second=True), name, on_build_logs=logs.append)
+        messages = [e.message for e in logs]
+        assert any("steps 1-2 of 4: cached" in m for m in messages), messages
+        again = _stamps(name)
+        assert again[0] == first and again[1] != second, (again, first, second)
+        assert again[2:] == ["b", "one"]
+    finally:
+        with _api(siesta) as api:
+            api.delete(f"/templates/{name}")

@@ -214,7 +214,7 @@ impl StepsRequest {
             memory_mib: self.memory_mib,
             disk_mib: self.disk_mib,
             min_free_disk_mib: None,
-            force: self.force,
+            rebuild_from: self.force.then_some(0),
         }
     }
 }

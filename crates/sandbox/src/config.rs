@@ -79,6 +79,10 @@ pub struct NodeConfig {
     /// HTTP (`SIESTA_INSECURE_REGISTRIES`, comma-separated); loopback ones
     /// always are.
     pub insecure_registries: Vec<String>,
+    /// Most MiB the template builds' step cache keeps
+    /// (`SIESTA_STEP_CACHE_MIB`, default 16384); the least recently used
+    /// layers go first.
+    pub step_cache_mib: u64,
 }
 
 impl NodeConfig {
@@ -104,6 +108,7 @@ impl NodeConfig {
             prealloc_memory: false,
             policy_skip: true,
             insecure_registries: Vec::new(),
+            step_cache_mib: 16 << 10,
         }
     }
 
@@ -147,6 +152,11 @@ impl NodeConfig {
                 .filter(|r| !r.is_empty())
                 .map(str::to_string)
                 .collect();
+        }
+        if let Ok(mib) = std::env::var("SIESTA_STEP_CACHE_MIB") {
+            config.step_cache_mib = mib
+                .parse()
+                .map_err(|e| format!("SIESTA_STEP_CACHE_MIB={mib:?}: {e}"))?;
         }
         if let Some(on) = env_flag("SIESTA_PREALLOC")? {
             config.prealloc_memory = on;

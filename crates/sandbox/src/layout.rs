@@ -48,6 +48,10 @@ impl Layout {
     pub fn image_cache(&self) -> PathBuf {
         self.home.join("cache/oci")
     }
+    /// Template builds' step cache: the disk after each step.
+    pub fn step_cache(&self) -> PathBuf {
+        self.home.join("cache/steps")
+    }
     /// The snapshot repository (see `docs/snapshots.md`).
     pub fn repo(&self) -> PathBuf {
         self.home.join("repo")

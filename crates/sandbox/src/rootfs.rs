@@ -4,29 +4,50 @@
 
 use std::path::Path;
 
+use siesta_vmm::DiskFormat;
 use tokio::process::Command;
 
 use crate::error::{Error, Result};
 
 /// Creates `overlay` (qcow2) backed by the raw image `base`.
 pub async fn create_overlay(base: &Path, overlay: &Path) -> Result<()> {
-    let out = Command::new("qemu-img")
-        .arg("create")
-        .args(["-q", "-f", "qcow2", "-F", "raw", "-b"])
+    create_overlay_on(base, DiskFormat::Raw, overlay).await
+}
+
+/// Creates `overlay` (qcow2) backed by `base`, an image in `format`.
+pub async fn create_overlay_on(base: &Path, format: DiskFormat, overlay: &Path) -> Result<()> {
+    let mut cmd = Command::new("qemu-img");
+    cmd.args(["create", "-q", "-f", "qcow2", "-F", format.as_str(), "-b"])
         .arg(base)
-        .arg(overlay)
-        .output()
-        .await
-        .map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => Error::missing_tool("qemu-img"),
-            _ => Error::Command {
-                what: "qemu-img create".into(),
-                detail: format!("cannot run qemu-img: {e}"),
-            },
-        })?;
+        .arg(overlay);
+    qemu_img(cmd, &format!("qemu-img create {}", overlay.display())).await
+}
+
+/// Writes the disk that `top` (an image in `format`, with its backing
+/// chain) presents as one sparse raw image at `raw`.
+pub async fn flatten(top: &Path, format: DiskFormat, raw: &Path) -> Result<()> {
+    let mut cmd = Command::new("qemu-img");
+    cmd.args(["convert", "-q", "-f", format.as_str(), "-O", "raw"])
+        .arg(top)
+        .arg(raw);
+    qemu_img(
+        cmd,
+        &format!("qemu-img convert {} to {}", top.display(), raw.display()),
+    )
+    .await
+}
+
+async fn qemu_img(mut cmd: Command, what: &str) -> Result<()> {
+    let out = cmd.output().await.map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => Error::missing_tool("qemu-img"),
+        _ => Error::Command {
+            what: what.into(),
+            detail: format!("cannot run qemu-img: {e}"),
+        },
+    })?;
     if !out.status.success() {
         return Err(Error::Command {
-            what: format!("qemu-img create {}", overlay.display()),
+            what: what.into(),
             detail: String::from_utf8_lossy(&out.stderr).trim().to_string(),
         });
     }

@@ -111,6 +111,13 @@ pub trait VmInstance: Send + Sync {
     /// shared memory. The VM stays paused afterwards.
     async fn save(&mut self, state: &Path, memory: MemorySave) -> Result<SaveInfo, VmmError>;
 
+    /// Freezes the disk as it is now: from here on the VM's writes go to a
+    /// new qcow2 overlay created at `overlay` (which must not exist), backed
+    /// by the image written until now, which is left unchanged from then
+    /// on. The guest should flush its caches first (`sync`) for the frozen
+    /// image to hold what it wrote. A VM without a disk is an error.
+    async fn checkpoint_disk(&mut self, overlay: &Path) -> Result<(), VmmError>;
+
     /// Asks the VMM to quit, kills it (SIGKILL by PID) after a short grace,
     /// and always reaps it. Idempotent.
     async fn shutdown(&mut self) -> Result<(), VmmError>;

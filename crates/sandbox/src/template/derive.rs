@@ -17,6 +17,7 @@ use siesta_vmm::DiskFormat;
 
 use super::base::Base;
 use super::build::{boot_spec, boot_until_healthy, freeze, VmSize};
+use super::layered::LayeredDisk;
 use super::record::{self, file_record, SourceImage, TemplateDefaults, TemplateRecord};
 use super::steps::{Step, StepContext, StepsBuild};
 use super::Template;
@@ -63,7 +64,9 @@ impl std::fmt::Display for BuildPhase {
 pub type BuildLog = Arc<dyn Fn(LogLevel, &BuildPhase, &str) + Send + Sync>;
 
 /// Builds `build` and returns the template; an identical earlier build of
-/// the same name is returned as it is unless `build.force`.
+/// the same name is returned as it is, and a build that shares its first
+/// steps with an earlier one starts after them (unless `build.rebuild_from`
+/// says otherwise).
 pub async fn build_from_steps(node: &Node, build: &StepsBuild, log: &BuildLog) -> Result<Template> {
     validate_name("template", &build.name).map_err(Error::Invalid)?;
     let layout = node.config.layout();
@@ -71,7 +74,7 @@ pub async fn build_from_steps(node: &Node, build: &StepsBuild, log: &BuildLog) -
         .await
         .map_err(|e| failed(build, BuildPhase::Base, e))?;
     let key = build.cache_key(&base.id());
-    if !build.force {
+    if build.rebuild_from.is_none() {
         if let Ok(existing) = Template::open(&layout, &build.name) {
             if existing.record.build_key.as_deref() == Some(key.as_str()) {
                 log(
@@ -89,6 +92,7 @@ pub async fn build_from_steps(node: &Node, build: &StepsBuild, log: &BuildLog) -
     let result = assemble(node, build, &base, key, &work, log).await;
     let published = result.and_then(|rec| super::publish::publish_template(&layout, &rec, &work));
     let _ = std::fs::remove_dir_all(&work);
+    LayeredDisk::prune(node).await;
     published.map_err(|e| failed(build, BuildPhase::Finalize, e))
 }
 
@@ -123,32 +127,51 @@ async fn assemble(
     let state = work.join(record::STATE_FILE);
     let id = format!("build-{}", build.name);
     log(LogLevel::Info, &BuildPhase::Base, &base.describe());
-    let defaults = base
-        .write_disk(node, build, work, &disk, log)
+    let (mut layers, reused) = LayeredDisk::prepare(node, build, base, work, log)
         .await
         .map_err(|e| failed(build, BuildPhase::Base, e))?;
+    if reused > 0 {
+        log(
+            LogLevel::Info,
+            &BuildPhase::Base,
+            &format!("steps 1-{reused} of {}: cached", build.steps.len()),
+        );
+    }
     let spec = boot_spec(
         node,
         &id,
         work,
         size,
         memory.clone(),
-        disk.clone(),
-        DiskFormat::Raw,
+        layers.vm_disk(),
+        DiskFormat::Qcow2,
     );
     let run_dir = spec.run_dir.clone();
     let started = Instant::now();
-    let (booted, cold_boot_ms) = boot_until_healthy(node, spec)
-        .await
-        .map_err(|e| failed(build, BuildPhase::Base, e))?;
+    let (mut booted, cold_boot_ms) = match boot_until_healthy(node, spec).await {
+        Ok(booted) => booted,
+        Err(e) => {
+            layers.discard();
+            return Err(failed(build, BuildPhase::Base, e));
+        }
+    };
     log(
         LogLevel::Info,
         &BuildPhase::Base,
         &format!("VM booted in {:.1} s", started.elapsed().as_secs_f64()),
     );
     let client = node.envd_client(&id, &booted.1, None);
-    let mut ctx = StepContext::starting(defaults.env.clone(), &defaults.guest);
-    let ran = run_all(&client, build, &mut ctx, log).await;
+    let mut ctx = layers.context();
+    let ran = run_all(
+        &client,
+        &mut booted.0,
+        &mut layers,
+        build,
+        reused,
+        &mut ctx,
+        log,
+    )
+    .await;
     let ran = match ran {
         Ok(()) => finalize(&client, build, &ctx, log).await,
         Err(e) => Err(e),
@@ -157,12 +180,18 @@ async fn assemble(
         let (mut vm, slot) = booted;
         let _ = vm.shutdown().await;
         node.release_slot(slot).await;
+        layers.discard();
         return Err(e);
     }
-    freeze(node, &id, booted, &state)
+    if let Err(e) = freeze(node, &id, booted, &state).await {
+        layers.discard();
+        return Err(failed(build, BuildPhase::Finalize, e));
+    }
+    let _ = std::fs::remove_dir_all(&run_dir);
+    layers
+        .flatten_into(&disk)
         .await
         .map_err(|e| failed(build, BuildPhase::Finalize, e))?;
-    let _ = std::fs::remove_dir_all(&run_dir);
     log(LogLevel::Info, &BuildPhase::Finalize, "frozen");
     let (image, parent, source_image) = match base {
         Base::Template(t) => (t.record.image.clone(), Some(t.record.name.clone()), None),
@@ -205,22 +234,32 @@ async fn assemble(
     Ok(record)
 }
 
+/// Runs the steps after the `reused` ones the disk already holds; each
+/// one's result goes into the step cache.
 async fn run_all(
     client: &EnvdClient,
+    vm: &mut Box<dyn siesta_vmm::VmInstance>,
+    layers: &mut LayeredDisk,
     build: &StepsBuild,
+    reused: usize,
     ctx: &mut StepContext,
     log: &BuildLog,
 ) -> Result<()> {
-    for (i, step) in build.steps.iter().enumerate() {
+    for (i, step) in build.steps.iter().enumerate().skip(reused) {
         let phase = BuildPhase::Step(i + 1);
         log(
             LogLevel::Info,
             &phase,
             &format!("[{}/{}] {}", i + 1, build.steps.len(), step.describe()),
         );
-        run_step(client, step, ctx, &phase, log)
-            .await
-            .map_err(|e| failed(build, phase.clone(), e))?;
+        let ran = async {
+            run_step(client, step, ctx, &phase, log).await?;
+            if step.writes_disk() {
+                shell(client, ctx, "root", "sync", &phase, log).await?;
+            }
+            layers.commit(vm.as_mut(), step, ctx).await
+        };
+        ran.await.map_err(|e| failed(build, phase.clone(), e))?;
     }
     Ok(())
 }

@@ -6,9 +6,11 @@ mod build;
 mod derive;
 pub mod dockerfile;
 mod from_image;
+mod layered;
 mod manifest;
 mod publish;
 pub mod record;
+mod step_cache;
 pub mod steps;
 pub mod tags;
 

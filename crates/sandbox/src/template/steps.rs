@@ -61,6 +61,28 @@ pub enum Step {
 }
 
 impl Step {
+    /// What the caches key this step by: all it says, with a COPY's files
+    /// counted by their digest rather than where their archive lies.
+    fn cache_value(&self) -> serde_json::Value {
+        match self {
+            Step::Copy {
+                digest,
+                sources,
+                dest,
+                owner,
+                mode,
+                ..
+            } => serde_json::json!(["COPY", digest, sources, dest, owner, mode]),
+            other => serde_json::to_value(other).unwrap_or_default(),
+        }
+    }
+
+    /// Whether the step can change the disk (ENV only changes what later
+    /// steps get).
+    pub fn writes_disk(&self) -> bool {
+        !matches!(self, Step::Env(_))
+    }
+
     /// A short, one-line description for build logs.
     pub fn describe(&self) -> String {
         match self {
@@ -101,9 +123,12 @@ pub struct StepsBuild {
     /// image's disk gets this instead of the default free space; a
     /// template's disk grows when it has less.
     pub min_free_disk_mib: Option<u32>,
-    /// Build even if an identical build already produced the template.
+    /// Where the caches stop being used (E2B's `force`, the CLI's
+    /// `--force`): `None` uses them throughout; `Some(0)` builds everything
+    /// again, the base disk too; `Some(n)` reuses what steps before step
+    /// `n` (counted from 1) left and runs step `n` and those after it.
     #[serde(skip)]
-    pub force: bool,
+    pub rebuild_from: Option<usize>,
 }
 
 impl StepsBuild {
@@ -122,21 +147,7 @@ impl StepsBuild {
             disk_mib: Option<u32>,
             min_free_disk_mib: Option<u32>,
         }
-        let steps = self
-            .steps
-            .iter()
-            .map(|s| match s {
-                Step::Copy {
-                    digest,
-                    sources,
-                    dest,
-                    owner,
-                    mode,
-                    ..
-                } => serde_json::json!(["COPY", digest, sources, dest, owner, mode]),
-                other => serde_json::to_value(other).unwrap_or_default(),
-            })
-            .collect();
+        let steps = self.steps.iter().map(Step::cache_value).collect();
         let keyed = Keyed {
             source_id,
             steps,
@@ -147,14 +158,41 @@ impl StepsBuild {
             disk_mib: self.disk_mib,
             min_free_disk_mib: self.min_free_disk_mib,
         };
-        let bytes = serde_json::to_vec(&keyed).unwrap_or_default();
-        hex::encode(Sha256::digest(bytes))
+        digest(&keyed)
     }
+
+    /// The key of the base disk in the step cache: the source and what
+    /// sizes the disk.
+    pub fn base_key(&self, source_id: &str) -> String {
+        digest(&serde_json::json!([
+            "base",
+            source_id,
+            self.disk_mib,
+            self.min_free_disk_mib
+        ]))
+    }
+
+    /// Whether the step cache may be used for step `n` (counted from 1;
+    /// 0 is the base disk).
+    pub fn may_reuse(&self, n: usize) -> bool {
+        self.rebuild_from.is_none_or(|from| n < from)
+    }
+}
+
+/// The key in the step cache of what `step` leaves when it runs on what
+/// the step (or base) with key `parent` left.
+pub fn step_key(parent: &str, step: &Step) -> String {
+    digest(&serde_json::json!([parent, step.cache_value()]))
+}
+
+fn digest(value: &impl Serialize) -> String {
+    let bytes = serde_json::to_vec(value).unwrap_or_default();
+    hex::encode(Sha256::digest(bytes))
 }
 
 /// The state the steps build up as they run: the user, directory and
 /// environment the next step gets, and at the end, the template's defaults.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct StepContext {
     pub user: String,
     pub workdir: String,
@@ -197,7 +235,7 @@ mod tests {
             memory_mib: None,
             disk_mib: None,
             min_free_disk_mib: None,
-            force: false,
+            rebuild_from: None,
         }
     }
 
@@ -240,6 +278,29 @@ mod tests {
         let mut started = build(vec![run("echo a")]);
         started.start_cmd = Some("server".into());
         assert_ne!(started.cache_key("s1"), a.cache_key("s1"));
+    }
+
+    #[test]
+    fn step_keys_chain_and_rebuild_from_limits_reuse() {
+        let run = |c: &str| Step::Run {
+            command: c.into(),
+            user: None,
+        };
+        let b = build(vec![run("a"), run("b")]);
+        let base = b.base_key("s1");
+        assert_ne!(base, b.base_key("s2"));
+        let mut sized = b.clone();
+        sized.disk_mib = Some(4096);
+        assert_ne!(base, sized.base_key("s1"));
+        let one = step_key(&base, &run("a"));
+        assert_eq!(one, step_key(&base, &run("a")));
+        assert_ne!(step_key(&one, &run("b")), step_key(&base, &run("b")));
+        assert!(b.may_reuse(0) && b.may_reuse(2));
+        let mut forced = b.clone();
+        forced.rebuild_from = Some(2);
+        assert!(forced.may_reuse(1) && !forced.may_reuse(2));
+        forced.rebuild_from = Some(0);
+        assert!(!forced.may_reuse(0));
     }
 
     #[test]

@@ -266,6 +266,7 @@ pub async fn start(
         .enumerate()
         .map(|(i, s)| step_of(&st, i + 1, s))
         .collect::<Result<Vec<_>, _>>()?;
+    let rebuild_from = rebuild_from(&req);
     let plan = StepsBuild {
         name: template_id,
         source,
@@ -276,11 +277,20 @@ pub async fn start(
         memory_mib: build.memory_mib,
         disk_mib: None,
         min_free_disk_mib: build.min_free_disk_mib,
-        force: req.force || req.steps.iter().any(|s| s.force),
+        rebuild_from,
     };
     st.builds.set_status(&build_id, BuildStatus::Building, None);
     tokio::spawn(run(st, build_id, plan));
     Ok(StatusCode::ACCEPTED)
+}
+
+/// E2B's `force`: the whole build (the base too), or from the first step
+/// that has it on.
+fn rebuild_from(req: &StartBuild) -> Option<usize> {
+    if req.force {
+        return Some(0);
+    }
+    req.steps.iter().position(|s| s.force).map(|i| i + 1)
 }
 
 fn source_of(req: &StartBuild) -> Result<BuildSource, ApiError> {

@@ -10,6 +10,8 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 
 use crate::{Accel, LaunchMode, LaunchSpec};
 
+/// The drive id of the VM's disk, for QMP block commands.
+pub const DISK_ID: &str = "disk0";
 /// Fixed PCI slots on q35's root bus.
 const DISK_ADDR: &str = "0x3";
 const NET_ADDR: &str = "0x4";
@@ -80,7 +82,10 @@ pub fn build_argv(spec: &LaunchSpec, accel: Accel, machine: &str) -> Vec<OsStrin
     a.pair("-serial", "chardev:ser0");
 
     if let Some(disk) = &spec.disk {
-        let mut d = opt("if=none,id=disk0,file=", disk.path.as_os_str());
+        let mut d = opt(
+            &format!("if=none,id={DISK_ID},file="),
+            disk.path.as_os_str(),
+        );
         d.push(format!(
             ",format={},cache=writeback,discard=unmap",
             disk.format.as_str()
@@ -91,7 +96,7 @@ pub fn build_argv(spec: &LaunchSpec, accel: Accel, machine: &str) -> Vec<OsStrin
         a.pair("-drive", d);
         a.pair(
             "-device",
-            format!("virtio-blk-pci,drive=disk0,addr={DISK_ADDR}"),
+            format!("virtio-blk-pci,drive={DISK_ID},addr={DISK_ADDR}"),
         );
     }
     if let Some(net) = &spec.net {

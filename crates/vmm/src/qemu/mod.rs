@@ -529,6 +529,26 @@ impl VmInstance for QemuInstance {
         res
     }
 
+    async fn checkpoint_disk(&mut self, overlay: &Path) -> Result<(), VmmError> {
+        self.check_usable("checkpoint_disk")?;
+        if self.spec.disk.is_none() {
+            return Err(self.invalid("checkpoint_disk", "the VM has no disk".into()));
+        }
+        if overlay.exists() {
+            return Err(self.invalid(
+                "checkpoint_disk",
+                format!("the overlay {} exists already", overlay.display()),
+            ));
+        }
+        let file = overlay.to_string_lossy().into_owned();
+        qmp!(
+            self,
+            "blockdev-snapshot-sync",
+            self.qmp.blockdev_snapshot_sync(cmdline::DISK_ID, &file)
+        );
+        Ok(())
+    }
+
     async fn shutdown(&mut self) -> Result<(), VmmError> {
         if self.process.try_exit().is_none() {
             // `quit` is polite (QEMU flushes its disk caches); a wedged QEMU

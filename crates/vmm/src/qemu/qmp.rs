@@ -364,6 +364,26 @@ impl QmpClient {
         self.execute("query-migrate", None).await
     }
 
+    /// `blockdev-snapshot-sync`: the drive `device` now writes to a new
+    /// qcow2 image at `file`, backed by the image it used until now (named
+    /// by its absolute path), which QEMU drains, flushes and reopens
+    /// read-only.
+    pub async fn blockdev_snapshot_sync(
+        &mut self,
+        device: &str,
+        file: &str,
+    ) -> Result<(), QmpError> {
+        let args = json!({
+            "device": device,
+            "snapshot-file": file,
+            "format": "qcow2",
+            "mode": "absolute-paths",
+        });
+        self.execute::<serde::de::IgnoredAny>("blockdev-snapshot-sync", Some(args))
+            .await
+            .map(drop)
+    }
+
     /// Asks QEMU to exit; it may close the socket before or after replying.
     pub async fn quit(&mut self) -> Result<(), QmpError> {
         match self.execute::<serde::de::IgnoredAny>("quit", None).await {

@@ -1,0 +1,160 @@
+//! The build VM's disk as a chain of step-cache layers (see
+//! `step_cache.rs`): the base disk, the layers of the steps a build reuses,
+//! and on top an overlay that the VM writes into. After each step that
+//! overlay is frozen as the step's layer and a new one takes its place; at
+//! the end the chain is flattened into the template's raw disk.
+
+use std::path::{Path, PathBuf};
+
+use siesta_vmm::{DiskFormat, VmInstance};
+
+use super::base::Base;
+use super::derive::{BuildLog, BuildPhase, LogLevel};
+use super::step_cache::{Layer, StepCache};
+use super::steps::{step_key, StepContext, StepsBuild};
+use crate::error::{Error, Result};
+use crate::node::Node;
+use crate::rootfs::{create_overlay_on, flatten};
+
+/// The disk of one build VM.
+pub(super) struct LayeredDisk {
+    cache: StepCache,
+    /// The last frozen layer: what the steps so far left.
+    top: Layer,
+    /// The overlay on `top` that the VM writes into.
+    writing: PathBuf,
+}
+
+impl LayeredDisk {
+    /// Finds (or writes) the base disk and the longest run of cached steps
+    /// on it, and puts a fresh overlay on top. Returns the disk and how many
+    /// steps it already holds.
+    pub async fn prepare(
+        node: &Node,
+        build: &StepsBuild,
+        base: &Base,
+        work: &Path,
+        log: &BuildLog,
+    ) -> Result<(Self, usize)> {
+        let cache = StepCache::open(node.config.layout().step_cache())?;
+        let base_key = build.base_key(&base.id());
+        let mut top = match cache.get(&base_key).filter(|_| build.may_reuse(0)) {
+            Some(layer) => {
+                log(LogLevel::Info, &BuildPhase::Base, "base disk: cached");
+                layer
+            }
+            None => write_base(node, &cache, &base_key, build, base, work, log).await?,
+        };
+        let mut reused = 0;
+        for (i, step) in build.steps.iter().enumerate() {
+            if !build.may_reuse(i + 1) {
+                break;
+            }
+            match cache.get(&step_key(&top.key, step)) {
+                Some(layer) => top = layer,
+                None => break,
+            }
+            reused = i + 1;
+        }
+        let writing = cache.new_image(&top.key, DiskFormat::Qcow2);
+        create_overlay_on(&cache.path(&top.disk), top.format, &writing).await?;
+        Ok((
+            Self {
+                cache,
+                top,
+                writing,
+            },
+            reused,
+        ))
+    }
+
+    /// The image the VM is to be started with (qcow2).
+    pub fn vm_disk(&self) -> PathBuf {
+        self.writing.clone()
+    }
+
+    /// Where the next step starts: the context the last layer recorded.
+    pub fn context(&self) -> StepContext {
+        self.top.context.clone()
+    }
+
+    /// Records what `step` left (the guest has flushed its caches): the
+    /// overlay written so far is frozen as the step's layer, and the VM
+    /// goes on writing into a new one. A step that does not write the disk
+    /// shares the last layer's image.
+    pub async fn commit(
+        &mut self,
+        vm: &mut dyn VmInstance,
+        step: &super::steps::Step,
+        ctx: &StepContext,
+    ) -> Result<()> {
+        let key = step_key(&self.top.key, step);
+        if !step.writes_disk() {
+            let disk = self.cache.path(&self.top.disk);
+            let backing = self.top.backing.as_ref().map(|b| self.cache.path(b));
+            self.top = self
+                .cache
+                .put(&key, &disk, self.top.format, backing.as_deref(), ctx)?;
+            return Ok(());
+        }
+        let next = self.cache.new_image(&key, DiskFormat::Qcow2);
+        vm.checkpoint_disk(&next)
+            .await
+            .map_err(|source| Error::vmm(vm.id().to_string(), source))?;
+        let frozen = std::mem::replace(&mut self.writing, next);
+        let parent = self.cache.path(&self.top.disk);
+        self.top = self
+            .cache
+            .put(&key, &frozen, DiskFormat::Qcow2, Some(&parent), ctx)?;
+        Ok(())
+    }
+
+    /// Writes the whole chain as one raw image at `raw` (the VM is gone)
+    /// and removes the last overlay, which belongs to no step.
+    pub async fn flatten_into(self, raw: &Path) -> Result<()> {
+        let done = flatten(&self.writing, DiskFormat::Qcow2, raw).await;
+        self.discard();
+        done
+    }
+
+    /// Removes the overlay being written (after a failed build, or once
+    /// flattened); the frozen layers stay cached.
+    pub fn discard(self) {
+        let _ = std::fs::remove_file(&self.writing);
+    }
+
+    /// Keeps the cache within the node's bound.
+    pub async fn prune(node: &Node) {
+        let dir = node.config.layout().step_cache();
+        let max = node.config.step_cache_mib << 20;
+        let pruned = tokio::task::spawn_blocking(move || StepCache::open(dir)?.prune(max)).await;
+        match pruned {
+            Ok(Ok(freed)) if freed > 0 => tracing::info!(freed, "step cache pruned"),
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "pruning the step cache failed"),
+            Err(e) => tracing::warn!(error = %e, "pruning the step cache stopped"),
+        }
+    }
+}
+
+/// Writes the base disk into the cache as the layer `key`.
+async fn write_base(
+    node: &Node,
+    cache: &StepCache,
+    key: &str,
+    build: &StepsBuild,
+    base: &Base,
+    work: &Path,
+    log: &BuildLog,
+) -> Result<Layer> {
+    let disk = cache.new_image(key, DiskFormat::Raw);
+    let written = base.write_disk(node, build, work, &disk, log).await;
+    let layer = written.and_then(|defaults| {
+        let ctx = StepContext::starting(defaults.env.clone(), &defaults.guest);
+        cache.put(key, &disk, DiskFormat::Raw, None, &ctx)
+    });
+    if layer.is_err() {
+        let _ = std::fs::remove_file(&disk);
+    }
+    layer
+}
