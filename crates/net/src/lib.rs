@@ -25,6 +25,6 @@ mod slot;
 pub use error::{NetError, Result};
 pub use layout::{SlotLayout, Subnet, Tag};
 pub use netns::spawn_in_netns;
-pub use policy::{EgressPolicy, PolicyUpdate};
+pub use policy::{Cidr, EgressPolicy, PolicyUpdate};
 pub use pool::{NetConfig, PoolStats, SlotPool};
 pub use slot::{GuestLink, Slot};

@@ -72,17 +72,32 @@ pub fn policy_update(policy: &EgressPolicy) -> String {
     s
 }
 
-/// Forward-hook rules for traffic the guest sends. Replies to connections the
-/// host opened to the guest are always allowed.
+/// Forward-hook rules for traffic the guest sends, in the policy's order of
+/// precedence: replies to connections the host opened to the guest, then
+/// `allow_out`, then `deny_out`, then internet on or off.
 pub fn egress_rules(policy: &EgressPolicy) -> Vec<String> {
-    if policy.allow_internet {
-        vec![format!("iifname \"{TAP_NAME}\" accept")]
-    } else {
-        vec![
-            format!("iifname \"{TAP_NAME}\" ct state established,related accept"),
-            format!("iifname \"{TAP_NAME}\" drop"),
-        ]
+    let tap = format!("iifname \"{TAP_NAME}\"");
+    if policy.allow_internet && !policy.has_rules() {
+        return vec![format!("{tap} accept")];
     }
+    let set = |cidrs: &[crate::Cidr]| {
+        let items: Vec<String> = cidrs.iter().map(ToString::to_string).collect();
+        format!("{{ {} }}", items.join(", "))
+    };
+    let mut rules = vec![format!("{tap} ct state established,related accept")];
+    if !policy.allow_out.is_empty() {
+        rules.push(format!("{tap} ip daddr {} accept", set(&policy.allow_out)));
+    }
+    if !policy.deny_out.is_empty() {
+        rules.push(format!("{tap} ip daddr {} drop", set(&policy.deny_out)));
+    }
+    let last = if policy.allow_internet {
+        "accept"
+    } else {
+        "drop"
+    };
+    rules.push(format!("{tap} {last}"));
+    rules
 }
 
 /// The root-namespace table owned by one pool instance:
@@ -164,9 +179,7 @@ mod tests {
 
     #[test]
     fn deny_policy_keeps_replies() {
-        let rules = egress_rules(&EgressPolicy {
-            allow_internet: false,
-        });
+        let rules = egress_rules(&EgressPolicy::internet(false));
         assert_eq!(
             rules,
             [
@@ -174,11 +187,38 @@ mod tests {
                 "iifname \"tap0\" drop"
             ]
         );
-        let u = policy_update(&EgressPolicy {
-            allow_internet: false,
-        });
+        let u = policy_update(&EgressPolicy::internet(false));
         assert!(u.starts_with("flush chain ip siesta egress\n"));
         assert!(u.contains("    iifname \"tap0\" drop\n"));
+    }
+
+    #[test]
+    fn address_rules_come_before_the_internet_default() {
+        let policy = EgressPolicy {
+            allow_internet: false,
+            allow_out: vec!["10.9.0.2".parse().unwrap()],
+            deny_out: vec!["10.9.0.0/24".parse().unwrap(), "0.0.0.0/0".parse().unwrap()],
+        };
+        assert_eq!(
+            egress_rules(&policy),
+            [
+                "iifname \"tap0\" ct state established,related accept",
+                "iifname \"tap0\" ip daddr { 10.9.0.2/32 } accept",
+                "iifname \"tap0\" ip daddr { 10.9.0.0/24, 0.0.0.0/0 } drop",
+                "iifname \"tap0\" drop",
+            ]
+        );
+        let only_deny = EgressPolicy {
+            deny_out: vec!["10.9.0.3".parse().unwrap()],
+            ..EgressPolicy::default()
+        };
+        assert_eq!(
+            egress_rules(&only_deny)[1..],
+            [
+                "iifname \"tap0\" ip daddr { 10.9.0.3/32 } drop",
+                "iifname \"tap0\" accept",
+            ]
+        );
     }
 
     #[test]

@@ -89,7 +89,7 @@ impl Slot {
     }
     /// Policy currently in force, if known.
     pub async fn applied_policy(&self) -> Option<EgressPolicy> {
-        *self.policy.lock().await
+        self.policy.lock().await.clone()
     }
     pub fn layout(&self) -> &SlotLayout {
         &self.layout
@@ -112,7 +112,7 @@ impl Slot {
             &nft::policy_update(policy),
         )
         .await?;
-        *applied = Some(*policy);
+        *applied = Some(policy.clone());
         tracing::debug!(slot = index, ?policy, "egress policy applied");
         Ok(PolicyUpdate::Applied)
     }

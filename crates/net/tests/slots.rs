@@ -246,9 +246,7 @@ async fn tap_slots_pool_reuse_and_policy() {
     ));
 
     // Redundant policy updates are skipped.
-    let deny = EgressPolicy {
-        allow_internet: false,
-    };
+    let deny = EgressPolicy::internet(false);
     assert_eq!(
         b.apply_policy(&EgressPolicy::default()).await.unwrap(),
         PolicyUpdate::Skipped
@@ -279,7 +277,7 @@ async fn tap_slots_pool_reuse_and_policy() {
     assert_eq!(pool.stats().await.reused, 1);
     let again = pool.acquire().await.unwrap();
     assert_eq!(again.index, b_index);
-    assert_eq!(again.applied_policy().await, Some(deny));
+    assert_eq!(again.applied_policy().await, Some(deny.clone()));
     assert_eq!(
         again.apply_policy(&deny).await.unwrap(),
         PolicyUpdate::Skipped
@@ -376,9 +374,7 @@ async fn host_reaches_guest_agent_through_slot_address() {
     assert_eq!(peer.ip(), std::net::IpAddr::V4(b.host_addr));
 
     // Denying egress keeps replies to host-initiated connections.
-    let deny = EgressPolicy {
-        allow_internet: false,
-    };
+    let deny = EgressPolicy::internet(false);
     assert_eq!(b.apply_policy(&deny).await.unwrap(), PolicyUpdate::Applied);
     assert_eq!(echo(&b, b"again"), b"again");
 

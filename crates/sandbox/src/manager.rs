@@ -40,7 +40,8 @@ pub struct CreateRequest {
     pub template: String,
     pub env_vars: HashMap<String, String>,
     pub metadata: HashMap<String, String>,
-    pub allow_internet: bool,
+    /// What it may reach (E2B's `allow_internet_access` and `network`).
+    pub egress: EgressPolicy,
     /// Seconds until the sandbox times out; [`DEFAULT_TIMEOUT_SECS`] if
     /// `None`, at most [`MAX_TIMEOUT_SECS`].
     pub timeout_secs: Option<u64>,
@@ -295,6 +296,32 @@ impl SandboxManager {
         Ok(sb.info())
     }
 
+    /// Replaces what the sandbox may reach (E2B's `update_network`): in its
+    /// slot at once when it runs, and in its record, which a resume, a fork
+    /// or a snapshot's sandboxes take it from.
+    pub async fn set_egress(&self, id: &str, egress: EgressPolicy) -> Result<SandboxInfo> {
+        let mut sb = self.lock(id).await?;
+        if sb.record.state == SandboxState::Dead {
+            return Err(wrong_state(&sb, "running or paused"));
+        }
+        let before = std::mem::replace(&mut sb.record.egress, egress);
+        if let Err(e) = self.store.put(&sb.record) {
+            sb.record.egress = before;
+            return Err(e.into());
+        }
+        if let Some(run) = &sb.running {
+            if let Err(source) = run.slot.apply_policy(&sb.record.egress).await {
+                // The slot's rules are unknown now: keep the record as it
+                // was and let the caller retry.
+                sb.record.egress = before;
+                let _ = self.store.put(&sb.record);
+                let id = id.to_string();
+                return Err(Error::Net { id, source });
+            }
+        }
+        Ok(sb.info())
+    }
+
     /// Saves the sandbox's memory, devices and disk, then stops its VM and
     /// frees its slot. Its files and processes come back on `resume`.
     pub async fn pause(&self, id: &str) -> Result<()> {
@@ -450,7 +477,7 @@ pub(crate) fn new_record(
         access_token: crate::ids::new_token(),
         env_vars: template_env(template, &req.env_vars),
         metadata: req.metadata.clone(),
-        allow_internet: req.allow_internet,
+        egress: req.egress.clone(),
         cpu_count: template.record.vcpus,
         memory_mb: template.record.memory_mib,
         disk_size_mb: template.record.disk.size >> 20,
@@ -515,9 +542,7 @@ pub(crate) fn resume_params(record: &SandboxRecord) -> ResumeParams {
         // A template's guest holds no token (any is accepted); a paused
         // sandbox's holds its own.
         guest_token: Some(record.access_token.clone()),
-        egress: EgressPolicy {
-            allow_internet: record.allow_internet,
-        },
+        egress: record.egress.clone(),
     }
 }
 

@@ -278,7 +278,7 @@ mod tests {
             access_token: "t".into(),
             env_vars: Default::default(),
             metadata: Default::default(),
-            allow_internet: false,
+            egress: siesta_net::EgressPolicy::internet(false),
             cpu_count: 1,
             memory_mb: 512,
             disk_size_mb: 1024,

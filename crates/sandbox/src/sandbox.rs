@@ -116,7 +116,9 @@ pub struct SandboxRecord {
     pub access_token: String,
     pub env_vars: HashMap<String, String>,
     pub metadata: HashMap<String, String>,
-    pub allow_internet: bool,
+    /// What it may reach; kept across pause and resume, and given to its
+    /// forks and snapshots' sandboxes.
+    pub egress: siesta_net::EgressPolicy,
     pub cpu_count: u32,
     pub memory_mb: u32,
     pub disk_size_mb: u64,

@@ -271,7 +271,7 @@ impl SandboxManager {
                 template: template.clone(),
                 env_vars: source.env_vars.clone(),
                 metadata: source.metadata.clone(),
-                allow_internet: source.allow_internet,
+                egress: source.egress.clone(),
                 timeout_secs,
                 lifecycle: source.lifecycle,
             };

@@ -80,7 +80,7 @@ async fn measure(
             .create(CreateRequest {
                 template: args.template.clone(),
                 // The API's default: internet allowed, as a pooled slot starts.
-                allow_internet: true,
+                egress: Default::default(),
                 ..Default::default()
             })
             .await

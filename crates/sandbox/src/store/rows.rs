@@ -7,13 +7,16 @@ use chrono::{DateTime, Utc};
 use rusqlite::types::Type;
 use rusqlite::{params, Connection, OptionalExtension, Row};
 
+use siesta_net::EgressPolicy;
+
 use super::{Store, StoreResult};
 use crate::sandbox::{Lifecycle, SandboxRecord};
 
 /// The columns every read selects, in the order [`from_row`] expects.
 pub(super) const COLUMNS: &str = "id, template, state, created_us, started_us, end_us, \
      access_token, env_vars, allow_internet, cpu_count, memory_mb, disk_size_mb, \
-     on_timeout, auto_resume, agent_addr, vmm_pid, timings, dead_reason, guest_defaults";
+     on_timeout, auto_resume, agent_addr, vmm_pid, timings, dead_reason, guest_defaults, \
+     egress_rules";
 
 impl Store {
     /// Inserts or replaces `rec` and its metadata, atomically.
@@ -93,10 +96,16 @@ fn upsert(conn: &Connection, r: &SandboxRecord) -> rusqlite::Result<usize> {
         .transpose()
         .map_err(to_sql_err)?;
     let defaults = serde_json::to_string(&r.guest_defaults).map_err(to_sql_err)?;
+    let egress_rules = r
+        .egress
+        .has_rules()
+        .then(|| serde_json::to_string(&r.egress))
+        .transpose()
+        .map_err(to_sql_err)?;
     conn.execute(
         &format!(
             "INSERT OR REPLACE INTO sandboxes ({COLUMNS}) VALUES \
-             (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19)"
+             (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20)"
         ),
         params![
             r.id,
@@ -107,7 +116,7 @@ fn upsert(conn: &Connection, r: &SandboxRecord) -> rusqlite::Result<usize> {
             r.end_at.timestamp_micros(),
             r.access_token,
             env,
-            r.allow_internet,
+            r.egress.allow_internet,
             r.cpu_count,
             r.memory_mb,
             r.disk_size_mb as i64,
@@ -118,8 +127,17 @@ fn upsert(conn: &Connection, r: &SandboxRecord) -> rusqlite::Result<usize> {
             timings,
             r.dead_reason,
             defaults,
+            egress_rules,
         ],
     )
+}
+
+/// The egress policy: its rules (column `rules`, absent before schema 3)
+/// with the internet switch of column `allow`.
+fn egress(row: &Row<'_>, allow: usize, rules: usize) -> rusqlite::Result<EgressPolicy> {
+    let mut policy: EgressPolicy = json(row, rules)?.unwrap_or_default();
+    policy.allow_internet = row.get(allow)?;
+    Ok(policy)
 }
 
 fn to_sql_err(e: serde_json::Error) -> rusqlite::Error {
@@ -192,7 +210,7 @@ pub(super) fn from_row(row: &Row) -> rusqlite::Result<SandboxRecord> {
         end_at: time(row, 5)?,
         access_token: row.get(6)?,
         env_vars: json(row, 7)?.unwrap_or_default(),
-        allow_internet: row.get(8)?,
+        egress: egress(row, 8, 19)?,
         cpu_count: row.get(9)?,
         memory_mb: row.get(10)?,
         disk_size_mb: disk.max(0) as u64,

@@ -44,6 +44,9 @@ const MIGRATIONS: &[&str] = &[
     // 2: the default user and working directory from the template (JSON
     // `GuestDefaults`; NULL is E2B's user `user` in /home/user).
     "ALTER TABLE sandboxes ADD COLUMN guest_defaults TEXT;",
+    // 3: the egress policy's address rules (JSON `EgressPolicy`; NULL is
+    // `allow_internet` alone).
+    "ALTER TABLE sandboxes ADD COLUMN egress_rules TEXT;",
 ];
 
 /// The version this build creates and understands.

@@ -26,7 +26,7 @@ fn rec(id: &str, started: i64, state: SandboxState, meta: &[(&str, &str)]) -> Sa
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect(),
-        allow_internet: true,
+        egress: Default::default(),
         cpu_count: 2,
         memory_mb: 512,
         disk_size_mb: 2048,
@@ -82,6 +82,11 @@ fn a_record_round_trips_with_every_field() {
         auto_resume: true,
     };
     r.end_at += Duration::microseconds(7);
+    r.egress = siesta_net::EgressPolicy {
+        allow_internet: false,
+        allow_out: vec!["10.1.0.0/16".parse().unwrap()],
+        deny_out: vec!["10.1.2.3".parse().unwrap()],
+    };
     s.put(&r).unwrap();
     assert!(same(&s.get("x1").unwrap().unwrap(), &r));
     // Overwriting replaces the metadata as a whole.

@@ -12,6 +12,7 @@
 //! | `query.rs` | the list query string (double-encoded metadata, comma states) |
 
 mod model;
+mod network;
 mod node;
 mod query;
 mod sandboxes;
@@ -27,7 +28,7 @@ use axum::extract::{Request, State};
 use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use siesta_sandbox::SandboxManager;
 
@@ -64,6 +65,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v2/sandboxes/{id}/connect", post(sandboxes::connect))
         .route("/sandboxes/{id}/resume", post(sandboxes::connect))
         .route("/sandboxes/{id}/timeout", post(sandboxes::set_timeout))
+        .route("/sandboxes/{id}/network", put(sandboxes::set_network))
         .route("/sandboxes/{id}/metrics", get(sandboxes::metrics))
         .route("/sandboxes/{id}/snapshots", post(snapshots::create))
         .route("/sandboxes/{id}/fork", post(snapshots::fork))

@@ -43,7 +43,11 @@ pub fn detail(info: &SandboxInfo, domain: Option<&str>) -> Value {
     let mut v = listed(info);
     let extra = json!({
         "envdAccessToken": info.access_token,
-        "allowInternetAccess": info.allow_internet,
+        "allowInternetAccess": info.egress.allow_internet,
+        "network": {
+            "allowOut": info.egress.allow_out,
+            "denyOut": info.egress.deny_out,
+        },
         "domain": domain,
         "lifecycle": {
             "autoResume": info.lifecycle.auto_resume,

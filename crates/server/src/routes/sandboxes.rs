@@ -13,6 +13,7 @@ use serde_json::Value;
 use siesta_sandbox::sandbox::{Lifecycle, OnTimeout, SandboxState};
 use siesta_sandbox::CreateRequest;
 
+use super::network::{egress_policy, NetworkBody};
 use super::{body, model, optional_body, query, AppState};
 use crate::error::ApiError;
 
@@ -31,6 +32,7 @@ pub struct NewSandbox {
     #[serde(default)]
     env_vars: HashMap<String, String>,
     lifecycle: Option<LifecycleBody>,
+    network: Option<NetworkBody>,
 }
 
 #[derive(Deserialize)]
@@ -95,7 +97,7 @@ pub async fn create(
             template,
             env_vars: req.env_vars,
             metadata: req.metadata,
-            allow_internet: req.allow_internet_access.unwrap_or(true),
+            egress: egress_policy(req.allow_internet_access, req.network.as_ref())?,
             timeout_secs: req.timeout,
             lifecycle,
         })
@@ -234,6 +236,32 @@ pub async fn set_timeout(
 ) -> Result<StatusCode, ApiError> {
     let req = body(req)?;
     st.manager.set_timeout(&id, req.timeout).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `PUT /sandboxes/{id}/network` (`update_network`): the body replaces the
+/// sandbox's address rules; `allow_internet_access` absent keeps the
+/// internet switch as it was.
+#[derive(Deserialize)]
+pub struct UpdateNetwork {
+    #[serde(rename = "allow_internet_access")]
+    allow_internet_access: Option<bool>,
+    #[serde(flatten)]
+    network: NetworkBody,
+}
+
+pub async fn set_network(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    req: Result<Json<UpdateNetwork>, JsonRejection>,
+) -> Result<StatusCode, ApiError> {
+    let req = body(req)?;
+    let internet = match req.allow_internet_access {
+        Some(on) => on,
+        None => st.manager.get(&id).await?.egress.allow_internet,
+    };
+    let policy = egress_policy(Some(internet), Some(&req.network))?;
+    st.manager.set_egress(&id, policy).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

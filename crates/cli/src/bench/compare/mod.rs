@@ -116,9 +116,7 @@ async fn resume_once(
     let params = ResumeParams {
         init: InitParams::new(None, Default::default(), &Default::default()),
         guest_token: None,
-        egress: siesta_net::EgressPolicy {
-            allow_internet: true,
-        },
+        egress: siesta_net::EgressPolicy::default(),
     };
     Ok(resume::from_template(node, pool, tpl, &params).await?)
 }

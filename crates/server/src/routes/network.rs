@@ -1,0 +1,132 @@
+//! E2B's sandbox network options (`network` and `allow_internet_access` on
+//! create) as an egress policy. What siesta cannot enforce yet is refused
+//! with a 400 that says so, never accepted and ignored.
+
+use axum::http::StatusCode;
+use serde::Deserialize;
+use serde_json::Value;
+use siesta_net::{Cidr, EgressPolicy};
+
+use crate::error::ApiError;
+
+/// The create request's `network` object.
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkBody {
+    #[serde(default)]
+    allow_out: Vec<String>,
+    #[serde(default)]
+    deny_out: Vec<String>,
+    allow_public_traffic: Option<bool>,
+    /// Options the SDK can send that siesta does not implement yet.
+    #[serde(flatten)]
+    other: serde_json::Map<String, Value>,
+}
+
+/// The policy for `allow_internet_access` (default on) and `network`.
+pub fn egress_policy(
+    allow_internet: Option<bool>,
+    network: Option<&NetworkBody>,
+) -> Result<EgressPolicy, ApiError> {
+    let mut policy = EgressPolicy::internet(allow_internet.unwrap_or(true));
+    let Some(net) = network else {
+        return Ok(policy);
+    };
+    if net.allow_public_traffic == Some(false) {
+        return Err(unsupported(
+            "network.allowPublicTraffic=false (traffic access tokens) is not supported yet: \
+             leave it unset; a sandbox's ports are reachable only through the front door",
+        ));
+    }
+    if let Some((key, _)) = net.other.iter().find(|(_, v)| !is_empty(v)) {
+        return Err(unsupported(&format!(
+            "network.{key} is not supported yet: leave it unset \
+             (supported: allowOut, denyOut, allowPublicTraffic)"
+        )));
+    }
+    policy.allow_out = cidrs("allowOut", &net.allow_out)?;
+    policy.deny_out = cidrs("denyOut", &net.deny_out)?;
+    Ok(policy)
+}
+
+fn cidrs(field: &str, entries: &[String]) -> Result<Vec<Cidr>, ApiError> {
+    entries
+        .iter()
+        .map(|e| {
+            e.trim().parse::<Cidr>().map_err(|why| {
+                let looks_like_domain = e.chars().any(|c| c.is_ascii_alphabetic());
+                let msg = if looks_like_domain {
+                    format!(
+                        "network.{field}: domain rules ({e:?}) are not supported yet; \
+                         give IPv4 addresses or CIDRs"
+                    )
+                } else {
+                    format!("network.{field}: {why}")
+                };
+                ApiError::new(StatusCode::BAD_REQUEST, msg)
+            })
+        })
+        .collect()
+}
+
+fn is_empty(v: &Value) -> bool {
+    match v {
+        Value::Null => true,
+        Value::Array(a) => a.is_empty(),
+        Value::Object(o) => o.is_empty(),
+        _ => false,
+    }
+}
+
+fn unsupported(msg: &str) -> ApiError {
+    ApiError::new(StatusCode::BAD_REQUEST, msg.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn body(v: Value) -> NetworkBody {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn rules_become_the_policy() {
+        let net = body(serde_json::json!({"allowOut": ["10.1.0.5"], "denyOut": ["0.0.0.0/0"]}));
+        let p = egress_policy(Some(true), Some(&net)).unwrap();
+        assert!(p.allow_internet);
+        assert_eq!(p.allow_out[0].to_string(), "10.1.0.5/32");
+        assert_eq!(p.deny_out[0].to_string(), "0.0.0.0/0");
+        assert_eq!(egress_policy(None, None).unwrap(), EgressPolicy::default());
+        assert!(!egress_policy(Some(false), None).unwrap().allow_internet);
+    }
+
+    #[test]
+    fn what_cannot_be_enforced_is_refused() {
+        for (v, says) in [
+            (
+                serde_json::json!({"allowOut": ["example.com"]}),
+                "domain rules",
+            ),
+            (
+                serde_json::json!({"denyOut": ["10.0.0.0/40"]}),
+                "longer than 32",
+            ),
+            (
+                serde_json::json!({"allowPublicTraffic": false}),
+                "allowPublicTraffic",
+            ),
+            (
+                serde_json::json!({"maskRequestHost": "x"}),
+                "network.maskRequestHost",
+            ),
+        ] {
+            let err = egress_policy(None, Some(&body(v))).unwrap_err();
+            assert_eq!(err.status, StatusCode::BAD_REQUEST);
+            assert!(err.message.contains(says), "{}", err.message);
+        }
+        // Empty or default options are fine.
+        let ok = body(serde_json::json!({"allowPublicTraffic": true, "dnsServers": []}));
+        assert!(egress_policy(None, Some(&ok)).is_ok());
+    }
+}
