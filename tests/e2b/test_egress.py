@@ -126,7 +126,7 @@ def test_rules_that_cannot_be_enforced_are_refused(siesta):
     for network, says in [
         ({"allow_out": ["example.com"]}, "domain rules"),
         ({"deny_out": ["10.0.0.0/40"]}, "longer than 32"),
-        ({"allow_public_traffic": False}, "allowPublicTraffic"),
+        ({"mask_request_host": "${PORT}-x.example.com"}, "network.maskRequestHost"),
     ]:
         with pytest.raises(Exception) as err:
             Sandbox.create("base", network=network)

@@ -52,3 +52,11 @@ def test_minted_key_has_the_shape_every_sdk_accepts(siesta):
     wrong = "e2b_" + "0" * 40
     with pytest.raises(AuthenticationException):
         Sandbox.list(api_key=wrong).next_items()
+
+
+def test_volume_mounts_are_refused_rather_than_ignored(siesta):
+    """A sandbox that silently lacked its volume would lose what the agent
+    writes there; until volumes exist the create says so."""
+    with pytest.raises(SandboxException) as err:
+        Sandbox.create(template="base", volume_mounts={"/mnt/data": "data"})
+    assert "volumes are not supported yet" in str(err.value), str(err.value)

@@ -79,3 +79,40 @@ def test_get_host_names_resolve_and_route_here(sbx):
         assert status == 200
     finally:
         cmd.kill()
+
+
+def test_private_ports_need_the_traffic_token(siesta, sbx):
+    """`allowPublicTraffic: false`: a sandbox's ports answer through the
+    front door only with its traffic access token; envd keeps its own
+    access token, so the SDK works as before. A public sandbox has none."""
+    from e2b import Sandbox
+
+    assert sbx.traffic_access_token is None
+    box = Sandbox.create("base", timeout=300, network={"allow_public_traffic": False})
+    try:
+        token = box.traffic_access_token
+        assert token
+        server = box.commands.run("exec python3 -m http.server 8000", background=True, timeout=0)
+
+        def get(headers):
+            return httpx.get(
+                f"{siesta.url}/",
+                headers={"Host": f"8000-{box.sandbox_id}.siesta.localhost", **headers},
+                timeout=30,
+            )
+
+        deadline = time.monotonic() + 30
+        while True:
+            resp = get({"e2b-traffic-access-token": token})
+            if resp.status_code == 200 or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert resp.status_code == 200, resp.text
+        for headers in ({}, {"e2b-traffic-access-token": token + "x"}):
+            denied = get(headers)
+            assert denied.status_code == 403, denied.text
+            assert "traffic access token" in denied.json()["message"]
+        assert via_host(siesta, 49983, box.sandbox_id, "/health").status_code == 204
+        server.kill()
+    finally:
+        box.kill()

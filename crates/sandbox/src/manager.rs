@@ -42,6 +42,9 @@ pub struct CreateRequest {
     pub metadata: HashMap<String, String>,
     /// What it may reach (E2B's `allow_internet_access` and `network`).
     pub egress: EgressPolicy,
+    /// Its ports through the front door need a traffic access token (E2B's
+    /// `allowPublicTraffic: false`); it gets its own.
+    pub private_traffic: bool,
     /// Seconds until the sandbox times out; [`DEFAULT_TIMEOUT_SECS`] if
     /// `None`, at most [`MAX_TIMEOUT_SECS`].
     pub timeout_secs: Option<u64>,
@@ -475,6 +478,7 @@ pub(crate) fn new_record(
         started_at: now,
         end_at: now + timeout,
         access_token: crate::ids::new_token(),
+        traffic_token: req.private_traffic.then(crate::ids::new_token),
         env_vars: template_env(template, &req.env_vars),
         metadata: req.metadata.clone(),
         egress: req.egress.clone(),

@@ -279,6 +279,7 @@ mod tests {
             env_vars: Default::default(),
             metadata: Default::default(),
             egress: siesta_net::EgressPolicy::internet(false),
+            traffic_token: None,
             cpu_count: 1,
             memory_mb: 512,
             disk_size_mb: 1024,

@@ -119,6 +119,9 @@ pub struct SandboxRecord {
     /// What it may reach; kept across pause and resume, and given to its
     /// forks and snapshots' sandboxes.
     pub egress: siesta_net::EgressPolicy,
+    /// With E2B's `allowPublicTraffic: false`: what requests to its ports
+    /// through the front door must carry in `e2b-traffic-access-token`.
+    pub traffic_token: Option<String>,
     pub cpu_count: u32,
     pub memory_mb: u32,
     pub disk_size_mb: u64,

@@ -272,6 +272,7 @@ impl SandboxManager {
                 env_vars: source.env_vars.clone(),
                 metadata: source.metadata.clone(),
                 egress: source.egress.clone(),
+                private_traffic: source.traffic_token.is_some(),
                 timeout_secs,
                 lifecycle: source.lifecycle,
             };

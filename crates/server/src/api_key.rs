@@ -137,8 +137,11 @@ fn write_secret(path: &Path, text: &str) -> std::io::Result<()> {
     Ok(())
 }
 
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+/// Equal, in time that does not depend on where they differ (only on
+/// their lengths).
+pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    use subtle::ConstantTimeEq;
+    a.ct_eq(b).into()
 }
 
 fn with_path(e: std::io::Error, path: &Path) -> std::io::Error {

@@ -16,7 +16,7 @@ use crate::sandbox::{Lifecycle, SandboxRecord};
 pub(super) const COLUMNS: &str = "id, template, state, created_us, started_us, end_us, \
      access_token, env_vars, allow_internet, cpu_count, memory_mb, disk_size_mb, \
      on_timeout, auto_resume, agent_addr, vmm_pid, timings, dead_reason, guest_defaults, \
-     egress_rules";
+     egress_rules, traffic_token";
 
 impl Store {
     /// Inserts or replaces `rec` and its metadata, atomically.
@@ -105,7 +105,7 @@ fn upsert(conn: &Connection, r: &SandboxRecord) -> rusqlite::Result<usize> {
     conn.execute(
         &format!(
             "INSERT OR REPLACE INTO sandboxes ({COLUMNS}) VALUES \
-             (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20)"
+             (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21)"
         ),
         params![
             r.id,
@@ -128,6 +128,7 @@ fn upsert(conn: &Connection, r: &SandboxRecord) -> rusqlite::Result<usize> {
             r.dead_reason,
             defaults,
             egress_rules,
+            r.traffic_token,
         ],
     )
 }
@@ -223,6 +224,7 @@ pub(super) fn from_row(row: &Row) -> rusqlite::Result<SandboxRecord> {
         timings: json(row, 16)?,
         dead_reason: row.get(17)?,
         guest_defaults: json(row, 18)?.unwrap_or_default(),
+        traffic_token: row.get(20)?,
         metadata: HashMap::new(),
     })
 }

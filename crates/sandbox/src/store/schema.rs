@@ -47,6 +47,8 @@ const MIGRATIONS: &[&str] = &[
     // 3: the egress policy's address rules (JSON `EgressPolicy`; NULL is
     // `allow_internet` alone).
     "ALTER TABLE sandboxes ADD COLUMN egress_rules TEXT;",
+    // 4: the traffic access token its ports require (NULL: public).
+    "ALTER TABLE sandboxes ADD COLUMN traffic_token TEXT;",
 ];
 
 /// The version this build creates and understands.

@@ -27,6 +27,7 @@ fn rec(id: &str, started: i64, state: SandboxState, meta: &[(&str, &str)]) -> Sa
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect(),
         egress: Default::default(),
+        traffic_token: Some(format!("traffic-{id}")),
         cpu_count: 2,
         memory_mb: 512,
         disk_size_mb: 2048,

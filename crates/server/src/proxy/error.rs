@@ -37,12 +37,16 @@ pub enum ProxyError {
     },
     #[error("invalid request for sandbox {id}: {detail}")]
     BadRequest { id: String, detail: String },
+    /// The sandbox's ports are private and the request lacks its token.
+    #[error("The sandbox {id} requires a traffic access token for port {port}: send it in the e2b-traffic-access-token header (Sandbox.traffic_access_token)")]
+    TrafficToken { id: String, port: u16 },
 }
 
 impl ProxyError {
     fn status(&self) -> StatusCode {
         match self {
             ProxyError::Route(_) | ProxyError::BadRequest { .. } => StatusCode::BAD_REQUEST,
+            ProxyError::TrafficToken { .. } => StatusCode::FORBIDDEN,
             ProxyError::Target { .. }
             | ProxyError::PortNotOpen { .. }
             | ProxyError::Upstream { .. } => StatusCode::BAD_GATEWAY,
@@ -55,7 +59,8 @@ impl ProxyError {
             ProxyError::Target { id, .. }
             | ProxyError::PortNotOpen { id, .. }
             | ProxyError::Upstream { id, .. }
-            | ProxyError::BadRequest { id, .. } => Some(id),
+            | ProxyError::BadRequest { id, .. }
+            | ProxyError::TrafficToken { id, .. } => Some(id),
         }
     }
 }
@@ -76,7 +81,8 @@ impl IntoResponse for ProxyError {
             }
             | ProxyError::PortNotOpen { .. }
             | ProxyError::Route(_)
-            | ProxyError::BadRequest { .. } => tracing::debug!("proxy: {self}"),
+            | ProxyError::BadRequest { .. }
+            | ProxyError::TrafficToken { .. } => tracing::debug!("proxy: {self}"),
             _ => tracing::warn!("proxy: {self}"),
         }
         let mut body = serde_json::json!({"code": status.as_u16(), "message": self.to_string()});

@@ -73,11 +73,44 @@ async fn signed_route(
     })
 }
 
+/// The header that carries a sandbox's traffic access token.
+pub const TRAFFIC_TOKEN_HEADER: &str = "e2b-traffic-access-token";
+
+/// Requests to a private sandbox's ports (all but envd's, which checks its
+/// own access token) must carry its traffic access token.
+async fn check_traffic_token(
+    targets: &dyn SandboxTargets,
+    route: &Route,
+    headers: &axum::http::HeaderMap,
+) -> Result<(), ProxyError> {
+    if route.port == ENVD_PORT {
+        return Ok(());
+    }
+    let Some(want) = targets.traffic_token(&route.sandbox_id).await else {
+        return Ok(());
+    };
+    let given = headers
+        .get(TRAFFIC_TOKEN_HEADER)
+        .map(|v| v.as_bytes())
+        .unwrap_or_default();
+    if crate::api_key::constant_time_eq(given, want.as_bytes()) {
+        Ok(())
+    } else {
+        Err(ProxyError::TrafficToken {
+            id: route.sandbox_id.clone(),
+            port: route.port,
+        })
+    }
+}
+
 async fn proxy(
     targets: &dyn SandboxTargets,
     route: Route,
     req: Request,
 ) -> Result<Response, ProxyError> {
+    // Before anything else: a request without the token neither reaches a
+    // private port nor wakes a paused sandbox.
+    check_traffic_token(targets, &route, req.headers()).await?;
     // Before the look-up: a stop announced after it is not missed.
     let mut stopped = targets.stopped();
     let ip = targets

@@ -45,6 +45,13 @@ pub trait SandboxTargets: Send + Sync + 'static {
         tokio::sync::broadcast::channel(1).1
     }
 
+    /// The traffic access token that requests to sandbox `id`'s ports must
+    /// carry, if it has one (E2B's `allowPublicTraffic: false`). By default
+    /// none.
+    async fn traffic_token(&self, _id: &str) -> Option<String> {
+        None
+    }
+
     /// The sandbox whose access token made `signed` (a signed file URL
     /// that names no sandbox). By default none.
     async fn signed_by(&self, _signed: &super::SignedFiles) -> Option<String> {
@@ -97,6 +104,10 @@ impl SandboxTargets for ManagerTargets {
 
     fn stopped(&self) -> tokio::sync::broadcast::Receiver<String> {
         self.0.node().subscribe_stopped()
+    }
+
+    async fn traffic_token(&self, id: &str) -> Option<String> {
+        self.0.get(id).await.ok()?.traffic_token
     }
 
     async fn signed_by(&self, signed: &super::SignedFiles) -> Option<String> {

@@ -11,7 +11,7 @@ pub fn sandbox(info: &SandboxInfo, domain: Option<&str>) -> Value {
         "clientID": "siesta",
         "envdVersion": siesta_envd_proto::ENVD_VERSION,
         "envdAccessToken": info.access_token,
-        "trafficAccessToken": null,
+        "trafficAccessToken": info.traffic_token,
         "domain": domain,
         // siesta extensions, ignored by the SDK: where this host reaches the
         // agent directly, and how the last resume's stages went.
@@ -43,6 +43,7 @@ pub fn detail(info: &SandboxInfo, domain: Option<&str>) -> Value {
     let mut v = listed(info);
     let extra = json!({
         "envdAccessToken": info.access_token,
+        "trafficAccessToken": info.traffic_token,
         "allowInternetAccess": info.egress.allow_internet,
         "network": {
             "allowOut": info.egress.allow_out,

@@ -23,6 +23,24 @@ pub struct NetworkBody {
     other: serde_json::Map<String, Value>,
 }
 
+impl NetworkBody {
+    /// E2B's `allowPublicTraffic: false`: the sandbox's ports need its
+    /// traffic access token.
+    pub fn private_traffic(&self) -> bool {
+        self.allow_public_traffic == Some(false)
+    }
+
+    /// Refuses `allowPublicTraffic`, which only a create may set.
+    pub fn without_public_traffic(&self) -> Result<&Self, ApiError> {
+        match self.allow_public_traffic {
+            None => Ok(self),
+            Some(_) => Err(unsupported(
+                "network.allowPublicTraffic is set when the sandbox is created, not updated",
+            )),
+        }
+    }
+}
+
 /// The policy for `allow_internet_access` (default on) and `network`.
 pub fn egress_policy(
     allow_internet: Option<bool>,
@@ -32,12 +50,6 @@ pub fn egress_policy(
     let Some(net) = network else {
         return Ok(policy);
     };
-    if net.allow_public_traffic == Some(false) {
-        return Err(unsupported(
-            "network.allowPublicTraffic=false (traffic access tokens) is not supported yet: \
-             leave it unset; a sandbox's ports are reachable only through the front door",
-        ));
-    }
     if let Some((key, _)) = net.other.iter().find(|(_, v)| !is_empty(v)) {
         return Err(unsupported(&format!(
             "network.{key} is not supported yet: leave it unset \
@@ -113,10 +125,6 @@ mod tests {
                 "longer than 32",
             ),
             (
-                serde_json::json!({"allowPublicTraffic": false}),
-                "allowPublicTraffic",
-            ),
-            (
                 serde_json::json!({"maskRequestHost": "x"}),
                 "network.maskRequestHost",
             ),
@@ -128,5 +136,10 @@ mod tests {
         // Empty or default options are fine.
         let ok = body(serde_json::json!({"allowPublicTraffic": true, "dnsServers": []}));
         assert!(egress_policy(None, Some(&ok)).is_ok());
+        assert!(!ok.private_traffic());
+        let private = body(serde_json::json!({"allowPublicTraffic": false}));
+        assert!(private.private_traffic());
+        assert!(egress_policy(None, Some(&private)).is_ok());
+        assert!(private.without_public_traffic().is_err());
     }
 }

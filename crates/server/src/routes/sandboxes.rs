@@ -33,6 +33,10 @@ pub struct NewSandbox {
     env_vars: HashMap<String, String>,
     lifecycle: Option<LifecycleBody>,
     network: Option<NetworkBody>,
+    /// Refused when not empty: a sandbox without the volumes it asked for
+    /// would lose what it writes there.
+    #[serde(default)]
+    volume_mounts: Vec<Value>,
 }
 
 #[derive(Deserialize)]
@@ -89,6 +93,13 @@ pub async fn create(
     req: Result<Json<NewSandbox>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let req = body(req)?;
+    if !req.volume_mounts.is_empty() {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "volumeMounts: volumes are not supported yet, and a sandbox without its \
+             mounts would lose what it writes there; create it without volume_mounts",
+        ));
+    }
     let lifecycle = req.lifecycle();
     let template = untagged(&st, &req.template_id)?;
     let created = st
@@ -98,6 +109,10 @@ pub async fn create(
             env_vars: req.env_vars,
             metadata: req.metadata,
             egress: egress_policy(req.allow_internet_access, req.network.as_ref())?,
+            private_traffic: req
+                .network
+                .as_ref()
+                .is_some_and(NetworkBody::private_traffic),
             timeout_secs: req.timeout,
             lifecycle,
         })
@@ -260,7 +275,7 @@ pub async fn set_network(
         Some(on) => on,
         None => st.manager.get(&id).await?.egress.allow_internet,
     };
-    let policy = egress_policy(Some(internet), Some(&req.network))?;
+    let policy = egress_policy(Some(internet), Some(req.network.without_public_traffic()?))?;
     st.manager.set_egress(&id, policy).await?;
     Ok(StatusCode::NO_CONTENT)
 }
