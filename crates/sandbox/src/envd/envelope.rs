@@ -56,3 +56,43 @@ mod tests {
         assert!(buf.is_empty());
     }
 }
+
+/// Hostile input (issue 12): bounded property tests.
+#[cfg(test)]
+mod hostile {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+        /// Envelopes split across reads anywhere decode as if read at once.
+        #[test]
+        fn split_reads_decode_the_same(
+            payloads in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..64), 0..8),
+            cuts in proptest::collection::vec(any::<usize>(), 0..8),
+        ) {
+            let wire: Vec<u8> = payloads.iter().flat_map(|p| encode_envelope(0, p)).collect();
+            let mut points: Vec<usize> = cuts.iter().map(|c| c % (wire.len() + 1)).collect();
+            points.sort_unstable();
+            let mut buf = BytesMut::new();
+            let mut got = Vec::new();
+            let mut from = 0;
+            for at in points.into_iter().chain([wire.len()]) {
+                buf.extend_from_slice(&wire[from..at]);
+                got.extend(decode_envelopes(&mut buf).into_iter().map(|e| e.payload));
+                from = at;
+            }
+            prop_assert_eq!(got, payloads);
+            prop_assert!(buf.is_empty());
+        }
+
+        /// Any bytes: whole envelopes come off, a partial one stays.
+        #[test]
+        fn any_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let mut buf = BytesMut::from(&bytes[..]);
+            let taken: usize = decode_envelopes(&mut buf).iter().map(|e| e.payload.len() + 5).sum();
+            prop_assert_eq!(taken + buf.len(), bytes.len());
+        }
+    }
+}

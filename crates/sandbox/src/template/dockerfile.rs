@@ -431,3 +431,30 @@ mod tests {
         assert_eq!(err("").message.split(':').next(), Some("no FROM"));
     }
 }
+
+/// Hostile input (issue 12): any text is a Dockerfile or a parse error
+/// with a line number, never a panic.
+#[cfg(test)]
+mod hostile {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+        #[test]
+        fn any_text_never_panics(text in "\\PC{0,400}") {
+            let _ = parse(&text, &BTreeMap::new());
+        }
+
+        #[test]
+        fn instruction_shaped_lines_never_panic(
+            lines in proptest::collection::vec(
+                "(FROM|RUN|ENV|ARG|WORKDIR|USER|COPY|CMD|ENTRYPOINT|EXPOSE|LABEL|#) ?[-a-zA-Z0-9=:/\\[\\]\" \\\\$.{}]{0,40}",
+                0..12,
+            ),
+        ) {
+            let _ = parse(&lines.join("\n"), &BTreeMap::new());
+        }
+    }
+}

@@ -396,3 +396,25 @@ impl QmpClient {
 #[cfg(test)]
 #[path = "qmp_tests.rs"]
 mod tests;
+
+/// Hostile input (issue 12): whatever line a QMP socket sends is a message
+/// or an error, never a panic.
+#[cfg(test)]
+mod hostile {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 1024, ..ProptestConfig::default() })]
+
+        #[test]
+        fn any_line_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let _ = parse_message(&bytes);
+        }
+
+        #[test]
+        fn any_json_text_never_panics(text in "\\{(\"(return|error|event|QMP|id|class|desc|data)\": ?(\\{\\}|\\[\\]|\"[a-z]*\"|[0-9]+|null),? ?){0,4}\\}") {
+            let _ = parse_message(text.as_bytes());
+        }
+    }
+}

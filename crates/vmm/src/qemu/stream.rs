@@ -169,3 +169,27 @@ mod tests {
         assert!(parse_header(&v).unwrap_err().contains("version 2"));
     }
 }
+
+/// Hostile input (issue 12): a migration stream's header from any bytes is
+/// parsed or refused, never a panic.
+#[cfg(test)]
+mod hostile {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 1024, ..ProptestConfig::default() })]
+
+        #[test]
+        fn any_header_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let _ = parse_header(&bytes);
+        }
+
+        #[test]
+        fn a_qemu_magic_with_any_tail_never_panics(tail in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let mut bytes = b"QEVM\0\0\0\x03".to_vec();
+            bytes.extend(tail);
+            let _ = parse_header(&bytes);
+        }
+    }
+}
