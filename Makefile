@@ -12,7 +12,7 @@ AGENT_TARGET := x86_64-unknown-linux-gnu
 AGENT_BIN := target/$(AGENT_TARGET)/release/siesta-agent
 SIESTA := target/release/siesta
 
-.PHONY: up test deps test-deps e2b-js build agent assets template lint unit-test vm-test e2b-venv e2b-test conformance-test doctor clean-assets
+.PHONY: up test deps test-deps e2b-js build agent assets template lint unit-test vm-test e2b-venv schemathesis-venv e2b-test conformance-test doctor clean-assets
 
 up: deps build assets template
 	$(SIESTA) serve --listen $(LISTEN)
@@ -60,8 +60,16 @@ e2b-venv:
 e2b-js:
 	test -d tests/js/node_modules/e2b || npm ci --prefix tests/js --no-audit --no-fund
 
-e2b-test: build assets e2b-venv e2b-js
-	SIESTA_BIN=$(abspath $(SIESTA)) $(E2B_VENV)/bin/python -m pytest tests/e2b -ra
+# schemathesis (hostile input for the control API, tests/e2b/test_schemathesis.py)
+# in a venv of its own.
+SCHEMATHESIS_VENV ?= .venv-schemathesis
+schemathesis-venv:
+	test -x $(SCHEMATHESIS_VENV)/bin/python || python3 -m venv $(SCHEMATHESIS_VENV)
+	$(SCHEMATHESIS_VENV)/bin/pip install --quiet --disable-pip-version-check -r tests/schemathesis/requirements.txt
+
+e2b-test: build assets e2b-venv e2b-js schemathesis-venv
+	SIESTA_BIN=$(abspath $(SIESTA)) SCHEMATHESIS_BIN=$(abspath $(SCHEMATHESIS_VENV))/bin/schemathesis \
+		$(E2B_VENV)/bin/python -m pytest tests/e2b -ra
 
 # E2B's own SDK test suite (../shared/conformance, SDK 2.45.1) against a
 # real server; failures not listed in tests/conformance/expected-failures.txt
