@@ -21,6 +21,10 @@ pub enum Error {
     #[error("invalid request: {0}")]
     Invalid(String),
 
+    /// An idempotency key that cannot give back what it made.
+    #[error("Idempotency-Key {key:?}: {detail}")]
+    KeyConflict { key: String, detail: String },
+
     #[error("{what} {path}: {source}")]
     Io {
         what: &'static str,

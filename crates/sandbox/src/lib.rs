@@ -9,6 +9,7 @@
 pub mod config;
 pub mod envd;
 pub mod error;
+pub mod idempotent;
 pub mod ids;
 pub mod layout;
 mod lifecycle;

@@ -66,6 +66,9 @@ pub struct SandboxManager {
     /// Set by shutdown: no new VM starts afterwards.
     closed: AtomicBool,
     pub(crate) reaper: Reaper,
+    /// Creates with an idempotency key run one at a time, so two retries
+    /// of one request never both create.
+    pub(crate) keyed_creates: Mutex<()>,
     /// Exclusive lock on the data directory (`siesta.lock`), held for the
     /// manager's life: two managers on one home would each "recover" the
     /// other's live sandboxes.
@@ -129,6 +132,7 @@ impl SandboxManager {
             persistent,
             closed: AtomicBool::new(false),
             reaper: Reaper::default(),
+            keyed_creates: Mutex::new(()),
             _home_lock: lock,
         });
         manager.reaper.start(Arc::downgrade(&manager));

@@ -40,7 +40,7 @@ impl From<Error> for ApiError {
         }
         let status = match &e {
             Error::TemplateNotFound { .. } | Error::SandboxNotFound { .. } => StatusCode::NOT_FOUND,
-            Error::WrongState { .. } => StatusCode::CONFLICT,
+            Error::WrongState { .. } | Error::KeyConflict { .. } => StatusCode::CONFLICT,
             Error::Invalid(_) => StatusCode::BAD_REQUEST,
             // The SDK turns this code into GuestUnresponsiveException.
             Error::GuestNotReady { .. } => {

@@ -10,10 +10,12 @@
 //! loss. Calls are short and synchronous; one connection behind a mutex is
 //! plenty for one node.
 
+mod idempotency;
 mod query;
 mod rows;
 mod schema;
 
+pub use idempotency::{KeyedCreate, IDEMPOTENCY_TTL_HOURS};
 pub use query::{ListQuery, SortOrder, DEFAULT_LIMIT, MAX_LIMIT};
 pub use schema::SCHEMA_VERSION;
 

@@ -49,6 +49,15 @@ const MIGRATIONS: &[&str] = &[
     "ALTER TABLE sandboxes ADD COLUMN egress_rules TEXT;",
     // 4: the traffic access token its ports require (NULL: public).
     "ALTER TABLE sandboxes ADD COLUMN traffic_token TEXT;",
+    // 5: idempotency keys of creates (no foreign key: the key outlives a
+    // killed sandbox's row for its TTL).
+    "CREATE TABLE idempotency_keys (
+        key            TEXT PRIMARY KEY,
+        sandbox_id     TEXT NOT NULL,
+        request_sha256 TEXT NOT NULL,
+        created_us     INTEGER NOT NULL
+    );
+    CREATE INDEX idempotency_keys_by_age ON idempotency_keys (created_us);",
 ];
 
 /// The version this build creates and understands.

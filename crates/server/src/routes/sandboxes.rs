@@ -10,6 +10,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
 use serde_json::Value;
+use sha2::{Digest, Sha256};
 use siesta_sandbox::sandbox::{Lifecycle, OnTimeout, SandboxState};
 use siesta_sandbox::CreateRequest;
 
@@ -88,11 +89,27 @@ fn untagged(st: &AppState, raw: &str) -> Result<String, ApiError> {
     }
 }
 
+/// The header that makes a create idempotent.
+const IDEMPOTENCY_KEY: &str = "idempotency-key";
+
 pub async fn create(
     State(st): State<AppState>,
-    req: Result<Json<NewSandbox>, JsonRejection>,
+    headers: HeaderMap,
+    raw: Result<Json<Value>, JsonRejection>,
 ) -> Result<Response, ApiError> {
-    let req = body(req)?;
+    let raw = body(raw)?;
+    let req: NewSandbox = serde_json::from_value(raw.clone()).map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!("invalid request body: {e}"),
+        )
+    })?;
+    let key = match headers.get(IDEMPOTENCY_KEY) {
+        None => None,
+        Some(v) => Some(v.to_str().map_err(|_| {
+            ApiError::new(StatusCode::BAD_REQUEST, "Idempotency-Key is not ASCII text")
+        })?),
+    };
     if !req.volume_mounts.is_empty() {
         return Err(ApiError::new(
             StatusCode::BAD_REQUEST,
@@ -102,21 +119,30 @@ pub async fn create(
     }
     let lifecycle = req.lifecycle();
     let template = untagged(&st, &req.template_id)?;
-    let created = st
-        .manager
-        .create(CreateRequest {
-            template,
-            env_vars: req.env_vars,
-            metadata: req.metadata,
-            egress: egress_policy(req.allow_internet_access, req.network.as_ref())?,
-            private_traffic: req
-                .network
-                .as_ref()
-                .is_some_and(NetworkBody::private_traffic),
-            timeout_secs: req.timeout,
-            lifecycle,
-        })
-        .await;
+    let create = CreateRequest {
+        template,
+        env_vars: req.env_vars,
+        metadata: req.metadata,
+        egress: egress_policy(req.allow_internet_access, req.network.as_ref())?,
+        private_traffic: req
+            .network
+            .as_ref()
+            .is_some_and(NetworkBody::private_traffic),
+        timeout_secs: req.timeout,
+        lifecycle,
+    };
+    let created = match key {
+        // Keys sort JSON objects' fields, so the digest is the request's,
+        // not its spelling's.
+        Some(key) => {
+            let digest = hex::encode(Sha256::digest(raw.to_string()));
+            st.manager
+                .create_keyed(key, &digest, create)
+                .await
+                .map(|(info, _)| info)
+        }
+        None => st.manager.create(create).await,
+    };
     st.metrics.observe_resume("create", &created);
     let info = created?;
     Ok((
