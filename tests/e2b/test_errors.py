@@ -60,3 +60,25 @@ def test_volume_mounts_are_refused_rather_than_ignored(siesta):
     with pytest.raises(SandboxException) as err:
         Sandbox.create(template="base", volume_mounts={"/mnt/data": "data"})
     assert "volumes are not supported yet" in str(err.value), str(err.value)
+
+
+def test_options_not_supported_yet_are_refused_by_name(api, sbx):
+    """Filesystem-only pause, snapshot and reboot-on-connect, and `mcp` /
+    `iam`, are 400s naming the field, never accepted and done otherwise;
+    the defaults the SDK sends stay accepted (the fixture's sandbox was
+    created by the SDK)."""
+    sid = sbx.sandbox_id
+    cases = [
+        ("/v2/sandboxes", {"templateID": "base", "autoPauseMemory": False}, "autoPauseMemory"),
+        ("/v2/sandboxes", {"templateID": "base", "mcp": {"github/x/y": {}}}, "mcp is not supported"),
+        ("/v2/sandboxes", {"templateID": "base", "iam": {"tokens": {"a": {}}}}, "iam is not supported"),
+        (f"/sandboxes/{sid}/pause", {"memory": False}, "pause: memory=false"),
+        (f"/v2/sandboxes/{sid}/connect", {"timeout": 60, "memory": False}, "connect: memory=false"),
+        (f"/sandboxes/{sid}/snapshots", {"memory": False}, "snapshot: memory=false"),
+    ]
+    for path, body, says in cases:
+        r = api.post(path, json=body)
+        assert r.status_code == 400, (path, r.text)
+        assert says in r.json()["message"], (path, r.text)
+    assert sbx.is_running()
+    assert sbx.commands.run("echo still").stdout.strip() == "still"

@@ -20,6 +20,7 @@ mod snapshots;
 mod template_builds;
 mod template_tags;
 mod templates;
+mod unsupported;
 
 use std::sync::Arc;
 

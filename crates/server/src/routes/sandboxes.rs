@@ -15,7 +15,7 @@ use siesta_sandbox::sandbox::{Lifecycle, OnTimeout, SandboxState};
 use siesta_sandbox::CreateRequest;
 
 use super::network::{egress_policy, NetworkBody};
-use super::{body, model, optional_body, query, AppState};
+use super::{body, model, optional_body, query, unsupported, AppState};
 use crate::error::ApiError;
 
 #[derive(Deserialize)]
@@ -38,6 +38,10 @@ pub struct NewSandbox {
     /// would lose what it writes there.
     #[serde(default)]
     volume_mounts: Vec<Value>,
+    /// `false` asks for filesystem-only auto-pause: refused (not yet).
+    auto_pause_memory: Option<bool>,
+    mcp: Option<Value>,
+    iam: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -117,6 +121,9 @@ pub async fn create(
              mounts would lose what it writes there; create it without volume_mounts",
         ));
     }
+    unsupported::memory_kept(req.auto_pause_memory, "autoPauseMemory")?;
+    unsupported::unset("mcp", req.mcp.as_ref())?;
+    unsupported::unset("iam", req.iam.as_ref())?;
     let lifecycle = req.lifecycle();
     let template = untagged(&st, &req.template_id)?;
     let create = CreateRequest {
@@ -212,10 +219,10 @@ pub async fn kill(
 #[derive(Deserialize, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct PauseBody {
-    // Accepted and checked; a pause always keeps memory and needs no
-    // healthy guest here.
-    #[allow(dead_code)]
+    /// `false` (filesystem only) is refused; a pause keeps memory.
     memory: Option<bool>,
+    // Accepted: a pause here needs no healthy guest, it saves the VM as
+    // it is.
     #[allow(dead_code)]
     require_healthy_guest: Option<bool>,
 }
@@ -226,7 +233,8 @@ pub async fn pause(
     Path(id): Path<String>,
     raw: Bytes,
 ) -> Result<StatusCode, ApiError> {
-    let _: PauseBody = optional_body(&raw)?;
+    let req: PauseBody = optional_body(&raw)?;
+    unsupported::memory_kept(req.memory, "pause")?;
     let paused = st.manager.pause(&id).await;
     st.metrics.observe_pause(&paused);
     paused?;
@@ -236,6 +244,8 @@ pub async fn pause(
 #[derive(Deserialize, Default)]
 pub struct ConnectBody {
     timeout: Option<u64>,
+    /// `false` (reboot from the disk) is refused.
+    memory: Option<bool>,
 }
 
 /// Resumes a paused sandbox (201) or returns a running one (200); either
@@ -246,6 +256,7 @@ pub async fn connect(
     raw: Bytes,
 ) -> Result<Response, ApiError> {
     let req: ConnectBody = optional_body(&raw)?;
+    unsupported::memory_kept(req.memory, "connect")?;
     let connected = st.manager.connect(&id, req.timeout).await;
     if let Ok((info, true)) = &connected {
         st.metrics.observe_resume("resume", &Ok(info.clone()));

@@ -14,6 +14,8 @@ use crate::error::ApiError;
 #[derive(Deserialize, Default)]
 pub struct SnapshotBody {
     name: Option<String>,
+    /// `false` (filesystem only) is refused; a snapshot keeps memory.
+    memory: Option<bool>,
 }
 
 /// `POST /sandboxes/{id}/snapshots`: 201 `{"snapshotID", "names"}`; the
@@ -24,6 +26,7 @@ pub async fn create(
     raw: Bytes,
 ) -> Result<Response, ApiError> {
     let req: SnapshotBody = optional_body(&raw)?;
+    super::unsupported::memory_kept(req.memory, "snapshot")?;
     let snap = st.manager.snapshot(&id, req.name).await?;
     let body = json!({"snapshotID": snap.id, "names": snap.names});
     Ok((StatusCode::CREATED, Json(body)).into_response())
