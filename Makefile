@@ -12,7 +12,7 @@ AGENT_TARGET := x86_64-unknown-linux-gnu
 AGENT_BIN := target/$(AGENT_TARGET)/release/siesta-agent
 SIESTA := target/release/siesta
 
-.PHONY: up test deps test-deps e2b-js build agent assets template lint unit-test vm-test e2b-venv schemathesis-venv e2b-test conformance-test doctor clean-assets
+.PHONY: up test deps test-deps e2b-js build agent assets template lint unit-test e2b-venv schemathesis-venv e2b-test conformance-test doctor clean-assets
 
 up: deps build assets template
 	$(SIESTA) serve --listen $(LISTEN)
@@ -46,7 +46,7 @@ lint:
 # Unit and integration tests, including the ones that boot real VMs under
 # QEMU (they use the assets built above and clean up after themselves).
 unit-test:
-	SIESTA_AGENT_BIN=$(abspath $(AGENT_BIN)) cargo test --workspace --release -- --test-threads=2
+	SIESTA_TESTS_MUST_RUN=1 SIESTA_AGENT_BIN=$(abspath $(AGENT_BIN)) cargo test --workspace --release -- --test-threads=2
 
 # The official E2B Python SDK against a real `siesta serve` (tests/e2b): its
 # own temporary SIESTA_HOME, network tag and subnet; the base template is

@@ -1,18 +1,8 @@
-"""Snapshots and forks of a running sandbox. Where the server does not offer
-the endpoint yet (404 or 501), the test is an expected failure that says so."""
+"""Snapshots and forks of a running sandbox. The endpoints exist: any error
+from them fails the test (no expected failures)."""
 
 import pytest
-from e2b import Sandbox, SandboxException, SandboxNotFoundException
-
-
-def _unsupported(exc: Exception, source) -> bool:
-    """A 404 or 501 for a sandbox that exists: the endpoint is missing."""
-    text = str(exc)
-    if text.startswith("501") or "no such endpoint" in text:
-        return True
-    if isinstance(exc, SandboxNotFoundException) or text.startswith("404"):
-        return Sandbox.get_info(source.sandbox_id).sandbox_id == source.sandbox_id
-    return False
+from e2b import Sandbox
 
 
 @pytest.fixture(scope="module")
@@ -26,12 +16,7 @@ def source(siesta):
 
 
 def test_snapshot_and_start_from_it(source):
-    try:
-        snap = source.create_snapshot()
-    except SandboxException as e:
-        if _unsupported(e, source):
-            pytest.xfail(f"snapshot endpoint not offered by the server: {e}")
-        raise
+    snap = source.create_snapshot()
     assert snap.snapshot_id
     # The source keeps running.
     assert source.commands.run("cat /home/user/origin.txt").stdout == "from-the-source"
@@ -58,12 +43,7 @@ def _all(paginator):
 
 
 def test_fork(source):
-    try:
-        forks = source.fork(count=2, timeout=300)
-    except SandboxException as e:
-        if _unsupported(e, source):
-            pytest.xfail(f"fork endpoint not offered by the server: {e}")
-        raise
+    forks = source.fork(count=2, timeout=300)
     try:
         assert len(forks) == 2
         for f in forks:

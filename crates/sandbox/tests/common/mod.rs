@@ -28,12 +28,16 @@ pub fn prerequisites() -> Result<(), String> {
     Ok(())
 }
 
-/// True when the test should go on; prints why not, and under CI fails
-/// instead of skipping.
+/// True when the test should go on; prints why not, and under CI (or
+/// `make test`, which sets `SIESTA_TESTS_MUST_RUN`) fails instead of
+/// skipping.
 pub fn can_run_vms() -> bool {
     match prerequisites() {
         Ok(()) => true,
-        Err(why) if std::env::var_os("CI").is_some() => {
+        Err(why)
+            if std::env::var_os("CI").is_some()
+                || std::env::var_os("SIESTA_TESTS_MUST_RUN").is_some() =>
+        {
             panic!("VM test cannot run under CI: {why}")
         }
         Err(why) => {
