@@ -116,3 +116,36 @@ def test_metrics_keep_their_time_range(sbx):
         start=start - datetime.timedelta(hours=1), end=start - datetime.timedelta(minutes=30)
     )
     assert before == [], "nothing was sampled before the sandbox existed"
+
+
+def test_console_logs_show_what_the_guest_wrote(api, sbx):
+    """`GET /sandboxes/{id}/logs` (v1) and `/v2/.../logs`: the console."""
+    marker = unique("console-marker")
+    sbx.commands.run(f"echo {marker} > /dev/ttyS0", user="root")
+    v1 = api.get(f"/sandboxes/{sbx.sandbox_id}/logs")
+    assert v1.status_code == 200, v1.text
+    assert any(marker in e["line"] for e in v1.json()["logs"]), v1.text[-2000:]
+    v2 = api.get(f"/v2/sandboxes/{sbx.sandbox_id}/logs", params={"limit": 5})
+    assert v2.status_code == 200, v2.text
+    entries = v2.json()["logs"]
+    assert 1 <= len(entries) <= 5
+    assert any(marker in e["message"] for e in entries), entries
+    assert api.get(f"/sandboxes/{sbx.sandbox_id}/logs", params={"limit": 0}).status_code == 400
+
+
+def test_refresh_extends_a_running_sandbox_only(api, siesta):
+    box = Sandbox.create(template="base", timeout=60)
+    try:
+        before = Sandbox.get_info(box.sandbox_id).end_at
+        r = api.post(f"/sandboxes/{box.sandbox_id}/refreshes", json={"duration": 900})
+        assert r.status_code == 204, r.text
+        after = Sandbox.get_info(box.sandbox_id).end_at
+        assert (after - before).total_seconds() > 600, (before, after)
+        # A later deadline is kept: a shorter refresh does not cut it.
+        assert api.post(f"/sandboxes/{box.sandbox_id}/refreshes", json={"duration": 10}).status_code == 204
+        assert Sandbox.get_info(box.sandbox_id).end_at == after
+        assert api.post(f"/sandboxes/{box.sandbox_id}/refreshes", json={"duration": 4000}).status_code == 400
+        assert box.pause() is True
+        assert api.post(f"/sandboxes/{box.sandbox_id}/refreshes", json={}).status_code == 409
+    finally:
+        Sandbox.kill(box.sandbox_id)

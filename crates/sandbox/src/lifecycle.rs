@@ -19,7 +19,7 @@ use tokio::task::JoinHandle;
 
 use crate::error::{Error, Result};
 use crate::manager::SandboxManager;
-use crate::sandbox::{OnTimeout, SandboxState};
+use crate::sandbox::{OnTimeout, SandboxInfo, SandboxState};
 
 /// Timeout of a sandbox created or resumed without one (as E2B).
 pub const DEFAULT_TIMEOUT_SECS: u64 = 300;
@@ -87,6 +87,24 @@ impl Reaper {
 }
 
 impl SandboxManager {
+    /// E2B's refresh: keeps a running sandbox alive at least `secs` more
+    /// seconds (a later deadline is kept).
+    pub async fn refresh(&self, id: &str, secs: u64) -> Result<SandboxInfo> {
+        let wanted = Utc::now() + deadline(Some(secs))?;
+        let mut sb = self.lock(id).await?;
+        if sb.record.state != SandboxState::Running {
+            return Err(crate::manager::wrong_state(&sb, "running"));
+        }
+        if sb.record.end_at < wanted {
+            let before = std::mem::replace(&mut sb.record.end_at, wanted);
+            if let Err(e) = self.store.put(&sb.record) {
+                sb.record.end_at = before;
+                return Err(e.into());
+            }
+        }
+        Ok(sb.info())
+    }
+
     /// One reaper pass: dead VMMs first (a dead one need not be paused),
     /// then expired deadlines.
     pub(crate) async fn reap_once(self: &Arc<Self>) {

@@ -11,6 +11,7 @@
 //! | `model.rs` | the JSON models (`Sandbox`, `SandboxDetail`, `ListedSandbox`) |
 //! | `query.rs` | the list query string (double-encoded metadata, comma states) |
 
+mod logs;
 mod model;
 mod network;
 mod node;
@@ -68,6 +69,9 @@ pub fn router(state: AppState) -> Router {
         .route("/sandboxes/{id}/timeout", post(sandboxes::set_timeout))
         .route("/sandboxes/{id}/network", put(sandboxes::set_network))
         .route("/sandboxes/{id}/metrics", get(sandboxes::metrics))
+        .route("/sandboxes/{id}/logs", get(logs::v1))
+        .route("/v2/sandboxes/{id}/logs", get(logs::v2))
+        .route("/sandboxes/{id}/refreshes", post(sandboxes::refresh))
         .route("/sandboxes/{id}/snapshots", post(snapshots::create))
         .route("/sandboxes/{id}/fork", post(snapshots::fork))
         .route("/snapshots", get(snapshots::list))

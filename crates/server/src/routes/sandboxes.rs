@@ -291,6 +291,30 @@ pub async fn set_timeout(
     Ok(StatusCode::NO_CONTENT)
 }
 
+#[derive(Deserialize, Default)]
+pub struct RefreshBody {
+    duration: Option<u64>,
+}
+
+/// `POST /sandboxes/{id}/refreshes {"duration"?}`: keeps a running sandbox
+/// alive at least `duration` seconds more (default 60, at most 3600).
+pub async fn refresh(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    raw: Bytes,
+) -> Result<StatusCode, ApiError> {
+    let req: RefreshBody = optional_body(&raw)?;
+    let secs = req.duration.unwrap_or(60);
+    if secs > 3600 {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!("duration={secs}: at most 3600 seconds"),
+        ));
+    }
+    st.manager.refresh(&id, secs).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
 /// `PUT /sandboxes/{id}/network` (`update_network`): the body replaces the
 /// sandbox's address rules; `allow_internet_access` absent keeps the
 /// internet switch as it was.
