@@ -63,14 +63,13 @@ def test_volume_mounts_are_refused_rather_than_ignored(siesta):
 
 
 def test_options_not_supported_yet_are_refused_by_name(api, sbx):
-    """Filesystem-only pause, snapshot and reboot-on-connect, and `mcp` /
-    `iam`, are 400s naming the field, never accepted and done otherwise;
+    """Filesystem-only pause, snapshot and reboot-on-connect, and `iam`,
+    are 400s naming the field, never accepted and done otherwise;
     the defaults the SDK sends stay accepted (the fixture's sandbox was
     created by the SDK)."""
     sid = sbx.sandbox_id
     cases = [
         ("/v2/sandboxes", {"templateID": "base", "autoPauseMemory": False}, "autoPauseMemory"),
-        ("/v2/sandboxes", {"templateID": "base", "mcp": {"github/x/y": {}}}, "mcp is not supported"),
         ("/v2/sandboxes", {"templateID": "base", "iam": {"tokens": {"a": {}}}}, "iam is not supported"),
         (f"/sandboxes/{sid}/pause", {"memory": False}, "pause: memory=false"),
         (f"/v2/sandboxes/{sid}/connect", {"timeout": 60, "memory": False}, "connect: memory=false"),

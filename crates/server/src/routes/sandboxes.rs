@@ -40,7 +40,8 @@ pub struct NewSandbox {
     volume_mounts: Vec<Value>,
     /// `false` asks for filesystem-only auto-pause: refused (not yet).
     auto_pause_memory: Option<bool>,
-    mcp: Option<Value>,
+    // `mcp` is accepted as it is: the SDK starts the MCP gateway in the
+    // sandbox itself after the create (and kills the sandbox if that fails).
     iam: Option<Value>,
 }
 
@@ -122,7 +123,6 @@ pub async fn create(
         ));
     }
     unsupported::memory_kept(req.auto_pause_memory, "autoPauseMemory")?;
-    unsupported::unset("mcp", req.mcp.as_ref())?;
     unsupported::unset("iam", req.iam.as_ref())?;
     let lifecycle = req.lifecycle();
     let template = untagged(&st, &req.template_id)?;

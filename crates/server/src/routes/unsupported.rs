@@ -55,11 +55,11 @@ mod tests {
             "{}",
             err.message
         );
-        assert!(unset("mcp", None).is_ok());
-        assert!(unset("mcp", Some(&Value::Null)).is_ok());
-        assert!(unset("mcp", Some(&serde_json::json!({}))).is_ok());
-        let err = unset("mcp", Some(&serde_json::json!({"x": 1}))).unwrap_err();
+        assert!(unset("iam", None).is_ok());
+        assert!(unset("iam", Some(&Value::Null)).is_ok());
+        assert!(unset("iam", Some(&serde_json::json!({}))).is_ok());
+        let err = unset("iam", Some(&serde_json::json!({"x": 1}))).unwrap_err();
         assert_eq!(err.status, StatusCode::BAD_REQUEST);
-        assert!(err.message.contains("mcp is not supported"));
+        assert!(err.message.contains("iam is not supported"));
     }
 }
