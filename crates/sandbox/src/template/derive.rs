@@ -164,7 +164,7 @@ async fn assemble(
     let mut ctx = layers.context();
     let ran = run_all(
         &client,
-        &mut booted.0,
+        booted.0.as_mut(),
         &mut layers,
         build,
         reused,
@@ -238,7 +238,7 @@ async fn assemble(
 /// one's result goes into the step cache.
 async fn run_all(
     client: &EnvdClient,
-    vm: &mut Box<dyn siesta_vmm::VmInstance>,
+    vm: &mut dyn siesta_vmm::VmInstance,
     layers: &mut LayeredDisk,
     build: &StepsBuild,
     reused: usize,
@@ -257,7 +257,7 @@ async fn run_all(
             if step.writes_disk() {
                 shell(client, ctx, "root", "sync", &phase, log).await?;
             }
-            layers.commit(vm.as_mut(), step, ctx).await
+            layers.commit(&mut *vm, step, ctx).await
         };
         ran.await.map_err(|e| failed(build, phase.clone(), e))?;
     }
