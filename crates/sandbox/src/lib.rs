@@ -16,6 +16,7 @@ pub mod layout;
 mod lifecycle;
 pub mod manager;
 pub mod memory_prefetch;
+pub mod memory_save;
 pub mod node;
 pub mod paused;
 pub mod pool;

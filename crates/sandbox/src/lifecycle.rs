@@ -19,6 +19,7 @@ use tokio::task::JoinHandle;
 
 use crate::error::{Error, Result};
 use crate::manager::SandboxManager;
+use crate::memory_save::SaveMemory;
 use crate::sandbox::{OnTimeout, SandboxInfo, SandboxState};
 
 /// Timeout of a sandbox created or resumed without one (as E2B).
@@ -150,7 +151,10 @@ impl SandboxManager {
         let action = sb.record.lifecycle.on_timeout;
         tracing::info!(sandbox = %id, action = action.as_str(), "timeout");
         let done = match action {
-            OnTimeout::Pause => self.pause_locked(&mut sb).await,
+            OnTimeout::Pause => self
+                .pause_locked(&mut sb, SaveMemory::Changed)
+                .await
+                .map(drop),
             OnTimeout::Kill => self.kill_locked(&mut sb).await,
         };
         if let Err(e) = done {

@@ -22,6 +22,7 @@ use tokio::sync::{Mutex, OwnedMutexGuard};
 use crate::envd::{EnvdClient, ExecOutput, InitParams};
 use crate::error::{Error, IoContext, Result};
 use crate::lifecycle::{deadline, Reaper};
+use crate::memory_save::{SaveMemory, SaveReport};
 use crate::node::Node;
 use crate::pool::VmmPool;
 use crate::resume::{self, ResumeParams, Resumed};
@@ -332,8 +333,14 @@ impl SandboxManager {
     /// Saves the sandbox's memory, devices and disk, then stops its VM and
     /// frees its slot. Its files and processes come back on `resume`.
     pub async fn pause(&self, id: &str) -> Result<()> {
+        self.pause_with(id, SaveMemory::Changed).await.map(drop)
+    }
+
+    /// [`SandboxManager::pause`], saving guest RAM as `how` says; reports
+    /// what was saved (`siesta bench pause` compares the two ways).
+    pub async fn pause_with(&self, id: &str, how: SaveMemory) -> Result<SaveReport> {
         let mut sb = self.lock(id).await?;
-        self.pause_locked(&mut sb).await
+        self.pause_locked(&mut sb, how).await
     }
 
     /// Brings a paused sandbox back with its files and processes, with the
@@ -430,7 +437,7 @@ impl SandboxManager {
         let stops = entries.into_iter().map(|entry| async move {
             let mut sb = entry.lock_owned().await;
             if self.persistent && sb.running.is_some() {
-                if let Err(e) = self.pause_locked(&mut sb).await {
+                if let Err(e) = self.pause_locked(&mut sb, SaveMemory::Changed).await {
                     let reason = format!("could not be paused at server stop: {e}");
                     self.mark_dead(&mut sb, reason).await;
                 }

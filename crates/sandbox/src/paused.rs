@@ -23,14 +23,14 @@ use serde::{Deserialize, Serialize};
 use siesta_snapshot::record::{DISK, MEMORY, STATE};
 use siesta_snapshot::repo::{new_id, Placement, PublishFile, PublishRequest};
 use siesta_snapshot::{RepoError, Repository, SnapshotKind, SnapshotRecord};
-use siesta_vmm::MemorySave;
 
 use crate::error::{Error, IoContext, Result};
 use crate::lifecycle::deadline;
 use crate::manager::{
     resume_params, running, set_running, stop_running, wrong_state, SandboxManager,
 };
-use crate::resume;
+use crate::memory_save::{self, SaveMemory, SaveReport};
+use crate::resume::{self, SavedState};
 use crate::sandbox::{Sandbox, SandboxState};
 use crate::template::Template;
 
@@ -151,7 +151,11 @@ impl SandboxManager {
     /// Pauses locked, running sandbox `sb`: vCPUs stopped, state saved,
     /// snapshot published, row committed, VM stopped, in that order. On an
     /// error before the row is committed the VM runs on.
-    pub(crate) async fn pause_locked(&self, sb: &mut Sandbox) -> Result<()> {
+    pub(crate) async fn pause_locked(
+        &self,
+        sb: &mut Sandbox,
+        how: SaveMemory,
+    ) -> Result<SaveReport> {
         let id = sb.record.id.clone();
         let state_path = sb.state_path();
         let disk = sb.disk_path();
@@ -162,11 +166,12 @@ impl SandboxManager {
         };
         let vmm_err = |source| Error::vmm(id.clone(), source);
         running.vm.pause().await.map_err(vmm_err)?;
-        let saved = match running.vm.save(&state_path, MemorySave::InState).await {
-            Ok(_) => publish(&repo, &template, &id, &state_path, &disk),
+        let saved = match memory_save::save(running.vm.as_mut(), &template, &state_path, how).await
+        {
+            Ok(report) => publish(&repo, &template, &id, &state_path, &disk).map(|s| (s, report)),
             Err(e) => Err(vmm_err(e)),
         };
-        let snapshot = match saved {
+        let (snapshot, report) = match saved {
             Ok(s) => s,
             Err(e) => {
                 // Nothing is lost: the VM is still there; let it go on.
@@ -196,7 +201,8 @@ impl SandboxManager {
         // The row says paused: streams from it end now (see Node).
         self.node.announce_stopped(&id);
         // From here on the repository's copy is the disk.
-        drop_link(&repo, &snapshot, &disk)
+        drop_link(&repo, &snapshot, &disk)?;
+        Ok(report)
     }
 
     /// Consumes the sandbox's paused snapshot: takes its disk back, resumes
@@ -214,17 +220,26 @@ impl SandboxManager {
         let repo = self.repo()?;
         let snapshot = for_resume(&repo, &id)?;
         let state = repo.file_path(&snapshot, STATE)?;
+        let memory = memory_of(&repo, &snapshot, &template)?;
         let disk = sb.disk_path();
         repo.take_file(&snapshot.id, DISK, &disk)?;
         let params = resume_params(&sb.record);
-        let resumed =
-            match resume::from_saved(&self.node, &template, &id, &sb.dir, state, &params).await {
-                Ok(r) => r,
-                Err(e) => {
-                    give_back_disk(&repo, &snapshot.id, &disk, &id);
-                    return Err(e);
-                }
-            };
+        let resumed = match resume::from_saved(
+            &self.node,
+            &template,
+            &id,
+            &sb.dir,
+            SavedState { state, memory },
+            &params,
+        )
+        .await
+        {
+            Ok(r) => r,
+            Err(e) => {
+                give_back_disk(&repo, &snapshot.id, &disk, &id);
+                return Err(e);
+            }
+        };
         let before = sb.record.clone();
         set_running(sb, running(resumed), timeout);
         if let Err(e) = self.store.put(&sb.record) {
@@ -252,6 +267,21 @@ impl SandboxManager {
         if let Err(e) = deleted {
             tracing::warn!(sandbox = %id, "deleting its paused snapshot: {e}; `siesta repo check` lists it");
         }
+    }
+}
+
+/// The memory blob a saved state was taken over: the one its record
+/// references (a changed-pages state is only valid over it), or, for a
+/// legacy template outside the repository, the template's file.
+pub(crate) fn memory_of(
+    repo: &Repository,
+    record: &SnapshotRecord,
+    template: &Template,
+) -> Result<std::path::PathBuf> {
+    if record.files.contains_key(MEMORY) {
+        Ok(repo.file_path(record, MEMORY)?)
+    } else {
+        Ok(template.memory.clone())
     }
 }
 

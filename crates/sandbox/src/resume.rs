@@ -99,7 +99,15 @@ pub async fn from_template(
     finish(node, clock, &state, params, guard, dir, prefetch).await
 }
 
-/// Resumes sandbox `id` whose disk is in `dir` from a saved `state`: its
+/// A saved VM state and the memory blob it was saved over.
+pub struct SavedState {
+    pub state: PathBuf,
+    /// The guest RAM mapping's file: a changed-pages state holds only the
+    /// pages that differ from it (see [`crate::memory_save`]).
+    pub memory: PathBuf,
+}
+
+/// Resumes sandbox `id` whose disk is in `dir` from a saved state: its
 /// own paused snapshot (see [`crate::paused`]), or a snapshot or fork of
 /// another sandbox of `template`.
 pub async fn from_saved(
@@ -107,9 +115,10 @@ pub async fn from_saved(
     template: &Template,
     id: &str,
     dir: &Path,
-    state: PathBuf,
+    saved: SavedState,
     params: &ResumeParams,
 ) -> Result<Resumed> {
+    let SavedState { state, memory } = saved;
     template.check_compatible(node.vmm.info())?;
     let disk = dir.join(crate::sandbox::DISK_FILE);
     let run_dir = dir.join("run");
@@ -130,7 +139,9 @@ pub async fn from_saved(
         node.release_slot(slot).await;
         return Err(e);
     }
-    let spec = incoming_spec(node, template, id, run_dir.clone(), disk, &slot);
+    let mut spec = incoming_spec(node, template, id, run_dir.clone(), disk, &slot);
+    // The blob the state was saved over (see `memory_save`).
+    spec.memory.path = memory;
     let spawned = clock
         .time(Stage::VmmPoolAcquire, node.vmm.spawn(&spec))
         .await;

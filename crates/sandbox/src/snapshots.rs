@@ -1,7 +1,7 @@
 //! User snapshots and forks of running sandboxes.
 //!
 //! Both start with a *capture*: the sandbox's vCPUs stop, its device state
-//! and RAM are saved (`MemorySave::InState`) and its disk overlay copied
+//! and the RAM pages it changed are saved (see [`crate::memory_save`]) and its disk overlay copied
 //! while nothing writes to it, then it runs on. A snapshot publishes the
 //! capture in the repository (kind `user`; its memory is the template's
 //! shared blob, state and disk are its own); a fork resumes N new sandboxes
@@ -15,12 +15,13 @@ use serde::{Deserialize, Serialize};
 use siesta_snapshot::record::{DISK, MEMORY, STATE};
 use siesta_snapshot::repo::{new_id, Placement, PublishFile, PublishRequest};
 use siesta_snapshot::{RepoError, Repository, SnapshotKind, SnapshotRecord};
-use siesta_vmm::MemorySave;
 
 use crate::error::{Error, IoContext, Result};
 use crate::lifecycle::deadline;
 use crate::manager::{new_record, resume_params, CreateRequest, SandboxManager};
-use crate::resume;
+use crate::memory_save::{self, SaveMemory};
+use crate::paused::memory_of;
+use crate::resume::{self, SavedState};
 use crate::rootfs::copy_sparse;
 use crate::sandbox::{SandboxInfo, DISK_FILE};
 use crate::template::Template;
@@ -51,9 +52,21 @@ struct Capture {
     dir: PathBuf,
     state: PathBuf,
     disk: PathBuf,
-    /// The source's template and the token its guest holds.
-    template: String,
+    /// The blob the source's RAM maps, which `state` was saved over.
+    memory: PathBuf,
+    /// The source's template as the save saw it, and the token its guest
+    /// holds.
+    template: Template,
     guest_token: String,
+}
+
+/// What a new sandbox starts from: a saved state, the memory blob it was
+/// saved over, a disk to copy, and the token the saved guest holds.
+struct Origin<'a> {
+    state: &'a Path,
+    memory: &'a Path,
+    disk: &'a Path,
+    guest_token: &'a str,
 }
 
 impl Drop for Capture {
@@ -75,6 +88,7 @@ impl SandboxManager {
     /// disk, then lets it run on.
     async fn capture(&self, id: &str) -> Result<Capture> {
         let mut sb = self.lock(id).await?;
+        let template = Template::open(&self.node.config.layout(), &sb.record.template)?;
         let scratch = self
             .node
             .config
@@ -82,11 +96,12 @@ impl SandboxManager {
             .sandboxes()
             .join(format!(".capture-{id}-{:08x}", rand::random::<u32>()));
         std::fs::create_dir_all(&scratch).ctx("creating capture directory", &scratch)?;
-        let capture = Capture {
+        let mut capture = Capture {
             state: scratch.join("state.bin"),
             disk: scratch.join(DISK_FILE),
             dir: scratch,
-            template: sb.record.template.clone(),
+            memory: template.memory.clone(),
+            template,
             guest_token: sb.record.access_token.clone(),
         };
         let disk = sb.disk_path();
@@ -99,10 +114,10 @@ impl SandboxManager {
         };
         let vmm_err = |source| Error::vmm(id, source);
         running.vm.pause().await.map_err(vmm_err)?;
+        capture.memory = running.vm.memory_file().to_path_buf();
         let saved = async {
-            running
-                .vm
-                .save(&capture.state, MemorySave::InState)
+            let vm = running.vm.as_mut();
+            memory_save::save(vm, &capture.template, &capture.state, SaveMemory::Changed)
                 .await
                 .map_err(vmm_err)?;
             copy_sparse(&disk, &capture.disk).await
@@ -118,8 +133,8 @@ impl SandboxManager {
     /// Snapshots running sandbox `id` under an optional `name`.
     pub async fn snapshot(&self, id: &str, name: Option<String>) -> Result<SnapshotInfo> {
         let capture = self.capture(id).await?;
-        let template_name = capture.template.clone();
-        let template = Template::open(&self.node.config.layout(), &template_name)?;
+        let template = &capture.template;
+        let template_name = template.record.name.clone();
         let repo = self.repo()?;
         let (parent, memory) = template.shared_memory().ok_or_else(|| {
             Error::Invalid(format!(
@@ -207,38 +222,38 @@ impl SandboxManager {
             })?;
         let state = repo.file_path(snap, STATE)?;
         let disk = repo.file_path(snap, DISK)?;
-        self.create_from_capture(&meta.template, &state, &disk, &meta.guest_token, req)
-            .await
+        let template = Template::open(&self.node.config.layout(), &meta.template)?;
+        let memory = memory_of(&repo, snap, &template)?;
+        let origin = Origin {
+            state: &state,
+            memory: &memory,
+            disk: &disk,
+            guest_token: &meta.guest_token,
+        };
+        self.create_from_capture(&template, origin, req).await
     }
 
     async fn create_from_capture(
         &self,
-        template: &str,
-        state: &Path,
-        disk: &Path,
-        guest_token: &str,
+        template: &Template,
+        origin: Origin<'_>,
         req: CreateRequest,
     ) -> Result<SandboxInfo> {
         let timeout = deadline(req.timeout_secs)?;
-        let template = Template::open(&self.node.config.layout(), template)?;
-        let mut record = new_record(&req, &template, timeout);
+        let mut record = new_record(&req, template, timeout);
         let id = crate::ids::new_sandbox_id();
         let dir = self.node.config.layout().sandbox_dir(&id);
         std::fs::create_dir_all(&dir).ctx("creating sandbox directory", &dir)?;
         let result = async {
-            copy_sparse(disk, &dir.join(DISK_FILE)).await?;
+            copy_sparse(origin.disk, &dir.join(DISK_FILE)).await?;
             record.template = template.record.name.clone();
             let mut params = resume_params(&record);
-            params.guest_token = Some(guest_token.to_string());
-            resume::from_saved(
-                &self.node,
-                &template,
-                &id,
-                &dir,
-                state.to_path_buf(),
-                &params,
-            )
-            .await
+            params.guest_token = Some(origin.guest_token.to_string());
+            let saved = SavedState {
+                state: origin.state.to_path_buf(),
+                memory: origin.memory.to_path_buf(),
+            };
+            resume::from_saved(&self.node, template, &id, &dir, saved, &params).await
         }
         .await;
         match result {
@@ -264,7 +279,7 @@ impl SandboxManager {
         deadline(timeout_secs)?;
         let source = self.get(id).await?;
         let capture = self.capture(id).await?;
-        let template = capture.template.clone();
+        let template = capture.template.record.name.clone();
         let mut children = Vec::with_capacity(count as usize);
         for _ in 0..count {
             let req = CreateRequest {
@@ -276,15 +291,15 @@ impl SandboxManager {
                 timeout_secs,
                 lifecycle: source.lifecycle,
             };
+            let origin = Origin {
+                state: &capture.state,
+                memory: &capture.memory,
+                disk: &capture.disk,
+                guest_token: &capture.guest_token,
+            };
             children.push(
-                self.create_from_capture(
-                    &template,
-                    &capture.state,
-                    &capture.disk,
-                    &capture.guest_token,
-                    req,
-                )
-                .await,
+                self.create_from_capture(&capture.template, origin, req)
+                    .await,
             );
         }
         Ok(children)

@@ -52,6 +52,12 @@ pub enum MemorySave {
     /// VM's RAM is a private copy-on-write mapping: its written pages exist
     /// only in the VMM process.
     InState,
+    /// Only the pages the guest changed since its RAM was mapped from the
+    /// backing file are in the state file (see
+    /// [`VmInstance::save_changed_pages`]); the rest is read from that same
+    /// file on restore. Reported by restores; a save asks for it with
+    /// `save_changed_pages`.
+    ChangedPages,
 }
 
 /// What a restore did and how long it took.
@@ -110,6 +116,21 @@ pub trait VmInstance: Send + Sync {
     /// A running VM is paused first. [`MemorySave::InBackingFile`] requires
     /// shared memory. The VM stays paused afterwards.
     async fn save(&mut self, state: &Path, memory: MemorySave) -> Result<SaveInfo, VmmError>;
+
+    /// Writes the VM's device state and only the RAM pages its guest wrote
+    /// since its private memory was mapped from the backing file, to `state`
+    /// (created or truncated), and fsyncs it. The RAM section's framing (block
+    /// list, firmware pages) comes from `base`, a state file saved with
+    /// [`MemorySave::InBackingFile`] by a VM of the same machine and memory
+    /// size: its template. Restore it into a VM whose memory is a private
+    /// mapping of the very same, unmodified backing file. A running VM is
+    /// paused first and stays paused; on error it is as it was, so a full
+    /// [`VmInstance::save`] may follow.
+    async fn save_changed_pages(&mut self, state: &Path, base: &Path)
+        -> Result<SaveInfo, VmmError>;
+
+    /// The file the VM's RAM is mapped from.
+    fn memory_file(&self) -> &Path;
 
     /// Freezes the disk as it is now: from here on the VM's writes go to a
     /// new qcow2 overlay created at `overlay` (which must not exist), backed

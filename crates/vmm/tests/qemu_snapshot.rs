@@ -226,6 +226,62 @@ impl Env {
     }
 }
 
+/// Restores `changed` (r1's changed pages) and goes on counting, saves that
+/// VM's changed pages again (a second generation, cumulative against the
+/// template) and restores those: the counter continues each time.
+async fn changed_pages_chain(
+    vmm: &QemuVmm,
+    env: &Env,
+    vms: &mut Vms,
+    changed: &Path,
+    tmpl_state: &Path,
+    last: u64,
+) {
+    let mut state = changed.to_path_buf();
+    let mut last = last;
+    for generation in 1..=2 {
+        let spec = env.spec(&format!("c{generation}"), LaunchMode::Incoming, false);
+        let log = spec.serial_log_path();
+        let vm = vms.add(vmm.spawn(&spec).await.expect("spawn"));
+        let info = vms[vm]
+            .restore(&state)
+            .await
+            .expect("restore changed pages");
+        assert_eq!(info.memory, MemorySave::ChangedPages);
+        vms[vm].resume().await.expect("resume");
+        let first = assert_continues(&log, last).await;
+        println!(
+            "changed-pages generation {generation}: load {:?} ({} bytes), first TICK {first}",
+            info.load, info.state_bytes
+        );
+        wait_tick(&log, first + 2, Duration::from_secs(60)).await;
+        vms[vm].pause().await.expect("pause");
+        last = *ticks(&log).last().unwrap();
+        state = env.dir.join(format!("c{generation}.changed"));
+        vms[vm]
+            .save_changed_pages(&state, tmpl_state)
+            .await
+            .expect("save changed pages again");
+        vms[vm].shutdown().await.expect("shutdown");
+    }
+    // A base that is not a template's stream is refused before anything.
+    let spec = env.spec("c3", LaunchMode::Incoming, false);
+    let vm = vms.add(vmm.spawn(&spec).await.expect("spawn"));
+    let log = spec.serial_log_path();
+    vms[vm].restore(&state).await.expect("restore generation 2");
+    vms[vm].resume().await.expect("resume");
+    assert_continues(&log, last).await;
+    let e = vms[vm]
+        .save_changed_pages(&env.dir.join("c3.changed"), changed)
+        .await
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("x-ignore-shared") || e.to_string().contains("RAM block"),
+        "{e}"
+    );
+    vms[vm].shutdown().await.expect("shutdown");
+}
+
 fn mem_fingerprint(p: &Path) -> (u64, i64, i64, u64) {
     let m = fs::metadata(p).unwrap();
     (m.len(), m.mtime(), m.mtime_nsec(), m.blocks())
@@ -335,7 +391,7 @@ async fn scenario(vmm: &QemuVmm, env: &Env, vms: &mut Vms) {
         .restore(&tmpl_state)
         .await
         .expect("restore template");
-    assert_eq!(info.memory, MemorySave::InBackingFile);
+    assert_eq!(info.memory, MemorySave::ChangedPages);
     let t_cont = Instant::now();
     vms[r1].resume().await.expect("resume r1");
     let first = assert_continues(&log, last0).await;
@@ -361,10 +417,27 @@ async fn scenario(vmm: &QemuVmm, env: &Env, vms: &mut Vms) {
         .await
         .unwrap_err();
     assert!(matches!(e, VmmError::InvalidOperation { .. }), "{e}");
+    // Only the pages the guest wrote, framed by the template's stream; then
+    // a full save of the same VM, which must still work afterwards.
+    let r1_changed = env.dir.join("r1.changed");
+    let c = vms[r1]
+        .save_changed_pages(&r1_changed, &tmpl_state)
+        .await
+        .expect("save r1's changed pages");
+    println!(
+        "r1 save (changed pages): {} bytes, write {:?}, fsync {:?}, total {:?}",
+        c.state_bytes, c.write, c.sync, c.total
+    );
     let s = vms[r1]
         .save(&r1_state, MemorySave::InState)
         .await
         .expect("save r1");
+    assert!(
+        c.state_bytes < s.state_bytes / 2,
+        "changed pages ({} bytes) should be far less than all of RAM ({} bytes)",
+        c.state_bytes,
+        s.state_bytes
+    );
     println!(
         "r1 save (InState): {} bytes, write {:?}, fsync {:?}, total {:?}; last TICK {last1}",
         s.state_bytes, s.write, s.sync, s.total
@@ -393,6 +466,8 @@ async fn scenario(vmm: &QemuVmm, env: &Env, vms: &mut Vms) {
         mem_fingerprint(&env.mem),
         "a private (share=off) mapping modified the template's memory file"
     );
+
+    changed_pages_chain(vmm, env, vms, &r1_changed, &tmpl_state, last1).await;
 
     // 5. The VMM dies under a running VM: the next call says so.
     let pid = vms[r2].pid();

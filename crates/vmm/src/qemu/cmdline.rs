@@ -12,6 +12,9 @@ use crate::{Accel, LaunchMode, LaunchSpec};
 
 /// The drive id of the VM's disk, for QMP block commands.
 pub const DISK_ID: &str = "disk0";
+/// The memory backend's id, which is also its RAM block's name in a
+/// migration stream.
+pub const MEMORY_BACKEND_ID: &str = "mem";
 /// Fixed PCI slots on q35's root bus.
 const DISK_ADDR: &str = "0x3";
 const NET_ADDR: &str = "0x4";
@@ -47,7 +50,7 @@ pub fn build_argv(spec: &LaunchSpec, accel: Accel, machine: &str) -> Vec<OsStrin
 
     let mut mem = opt(
         &format!(
-            "memory-backend-file,id=mem,size={}M,mem-path=",
+            "memory-backend-file,id={MEMORY_BACKEND_ID},size={}M,mem-path=",
             spec.memory_mib
         ),
         spec.memory.path.as_os_str(),
@@ -61,7 +64,7 @@ pub fn build_argv(spec: &LaunchSpec, accel: Accel, machine: &str) -> Vec<OsStrin
         mem.push(",prealloc=on");
     }
     a.pair("-object", mem);
-    a.pair("-numa", "node,memdev=mem");
+    a.pair("-numa", format!("node,memdev={MEMORY_BACKEND_ID}"));
 
     a.pair("-kernel", spec.kernel.as_os_str());
     if let Some(initrd) = &spec.initrd {

@@ -6,9 +6,11 @@
 //! `x-ignore-shared` keeps it out of the stream, so a template's state file
 //! is device state only.
 
+pub mod changed_pages;
 pub mod cmdline;
 pub mod process;
 pub mod qmp;
+pub mod ram_frame;
 pub mod stream;
 
 use std::fs::{File, OpenOptions};
@@ -45,7 +47,7 @@ const SAVE_MAX_BANDWIDTH: u64 = 100 << 30;
 /// keeps QEMU from iterating.
 const SAVE_DOWNTIME_LIMIT_MS: u64 = 100_000;
 
-const X_IGNORE_SHARED: &str = "x-ignore-shared";
+pub(crate) const X_IGNORE_SHARED: &str = "x-ignore-shared";
 
 /// The QEMU backend.
 pub struct QemuVmm {
@@ -227,6 +229,8 @@ macro_rules! qmp {
     };
 }
 
+mod save_changed;
+
 impl QemuInstance {
     async fn qmp_error(&mut self, command: &str, e: QmpError) -> VmmError {
         if e.is_disconnect() || matches!(e, QmpError::Timeout(_)) {
@@ -372,7 +376,9 @@ impl QemuInstance {
             load,
             total: t0.elapsed(),
             state_bytes,
-            memory: if ignore_shared {
+            memory: if ignore_shared && !self.spec.memory.shared {
+                MemorySave::ChangedPages
+            } else if ignore_shared {
                 MemorySave::InBackingFile
             } else {
                 MemorySave::InState
@@ -504,6 +510,12 @@ impl VmInstance for QemuInstance {
 
     async fn save(&mut self, state: &Path, memory: MemorySave) -> Result<SaveInfo, VmmError> {
         self.check_usable("save")?;
+        if memory == MemorySave::ChangedPages {
+            return Err(self.invalid(
+                "save",
+                "changed pages need a base: use save_changed_pages".into(),
+            ));
+        }
         if memory == MemorySave::InBackingFile && !self.spec.memory.shared {
             return Err(self.invalid(
                 "save",
@@ -527,6 +539,25 @@ impl VmInstance for QemuInstance {
             Err(_) => drop(std::fs::remove_file(state)),
         }
         res
+    }
+
+    async fn save_changed_pages(
+        &mut self,
+        state: &Path,
+        base: &Path,
+    ) -> Result<SaveInfo, VmmError> {
+        self.check_usable("save_changed_pages")?;
+        let res = self.save_changed_inner(state, base).await;
+        match &res {
+            Ok(info) => tracing::info!(vm = %self.spec.id, state_bytes = info.state_bytes,
+                write_ms = info.write.as_secs_f64() * 1e3, "saved changed pages"),
+            Err(_) => drop(std::fs::remove_file(state)),
+        }
+        res
+    }
+
+    fn memory_file(&self) -> &Path {
+        &self.spec.memory.path
     }
 
     async fn checkpoint_disk(&mut self, overlay: &Path) -> Result<(), VmmError> {

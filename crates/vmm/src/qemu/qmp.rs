@@ -384,6 +384,16 @@ impl QmpClient {
             .map(drop)
     }
 
+    /// `xen-save-devices-state` with `live: false`: every device section a
+    /// `migrate` would write, without RAM, to `filename` (opened by QEMU).
+    /// Leaves a stopped VM stopped and its disks active.
+    pub async fn xen_save_devices_state(&mut self, filename: &str) -> Result<(), QmpError> {
+        let args = json!({ "filename": filename, "live": false });
+        self.execute::<serde::de::IgnoredAny>("xen-save-devices-state", Some(args))
+            .await
+            .map(drop)
+    }
+
     /// Asks QEMU to exit; it may close the socket before or after replying.
     pub async fn quit(&mut self) -> Result<(), QmpError> {
         match self.execute::<serde::de::IgnoredAny>("quit", None).await {

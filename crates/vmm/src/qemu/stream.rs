@@ -39,7 +39,12 @@ pub const HEADER_PROBE: usize = 4096;
 
 /// Parses the header from the first bytes of a state file.
 pub fn parse_header(buf: &[u8]) -> Result<StreamHeader, String> {
-    let mut r = Reader { buf, pos: 0 };
+    parse_header_len(buf).map(|(header, _)| header)
+}
+
+/// Parses the header and says where it ends: the first section's byte.
+pub(crate) fn parse_header_len(buf: &[u8]) -> Result<(StreamHeader, usize), String> {
+    let mut r = Reader::new(buf);
     let magic = r.be32()?;
     if magic != MAGIC {
         return Err(format!(
@@ -81,38 +86,54 @@ pub fn parse_header(buf: &[u8]) -> Result<StreamHeader, String> {
             other => return Err(format!("unknown configuration subsection {other:?}")),
         }
     }
-    Ok(StreamHeader {
+    let header = StreamHeader {
         machine,
         capabilities,
-    })
+    };
+    Ok((header, r.pos))
 }
 
-struct Reader<'a> {
+/// A cursor over stream bytes whose errors name the byte offset.
+pub(crate) struct Reader<'a> {
     buf: &'a [u8],
-    pos: usize,
+    pub(crate) pos: usize,
 }
 
-impl Reader<'_> {
-    fn take(&mut self, n: usize) -> Result<&[u8], String> {
+impl<'a> Reader<'a> {
+    pub(crate) fn new(buf: &'a [u8]) -> Self {
+        Reader { buf, pos: 0 }
+    }
+    pub(crate) fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
         let end = self.pos.checked_add(n).filter(|&e| e <= self.buf.len());
         let Some(end) = end else {
-            return Err(format!("stream header truncated at byte {}", self.pos));
+            return Err(format!("stream truncated at byte {}", self.pos));
         };
         let s = &self.buf[self.pos..end];
         self.pos = end;
         Ok(s)
     }
-    fn peek(&self) -> Option<u8> {
+    pub(crate) fn peek(&self) -> Option<u8> {
         self.buf.get(self.pos).copied()
     }
-    fn u8(&mut self) -> Result<u8, String> {
+    pub(crate) fn u8(&mut self) -> Result<u8, String> {
         Ok(self.take(1)?[0])
     }
-    fn be32(&mut self) -> Result<u32, String> {
+    pub(crate) fn be32(&mut self) -> Result<u32, String> {
         let b = self.take(4)?;
         Ok(u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
     }
-    fn string(&mut self, n: usize) -> Result<String, String> {
+    pub(crate) fn be64(&mut self) -> Result<u64, String> {
+        let b = self.take(8)?;
+        let mut a = [0u8; 8];
+        a.copy_from_slice(b);
+        Ok(u64::from_be_bytes(a))
+    }
+    /// A name preceded by its one-byte length.
+    pub(crate) fn name(&mut self) -> Result<String, String> {
+        let len = self.u8()? as usize;
+        self.string(len)
+    }
+    pub(crate) fn string(&mut self, n: usize) -> Result<String, String> {
         let at = self.pos;
         let b = self.take(n)?;
         String::from_utf8(b.to_vec()).map_err(|_| format!("non-UTF-8 name at byte {at}"))

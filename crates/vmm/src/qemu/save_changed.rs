@@ -1,0 +1,177 @@
+//! `save_changed_pages` for QEMU: device state from `xen-save-devices-state`,
+//! the guest's changed pages from `/proc`, framed by the template's stream
+//! (see [`super::ram_frame`] for the layout and why).
+//!
+//! The QMP part runs on the caller's task; scanning pagemap and writing the
+//! pages (tens to hundreds of MiB, then fsync) runs on a blocking thread.
+
+use std::fs::{File, OpenOptions};
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use super::changed_pages::RamMapping;
+use super::cmdline::MEMORY_BACKEND_ID;
+use super::ram_frame::{RamFrame, PAGE_SIZE};
+use super::QemuInstance;
+use crate::{SaveInfo, VmmError};
+
+/// Pages read from the VMM per `process_vm_readv` (1 MiB).
+const PAGES_PER_READ: u64 = 256;
+
+impl QemuInstance {
+    pub(super) async fn save_changed_inner(
+        &mut self,
+        state: &Path,
+        base: &Path,
+    ) -> Result<SaveInfo, VmmError> {
+        let t0 = Instant::now();
+        if self.spec.memory.shared {
+            return Err(self.invalid(
+                "save_changed_pages",
+                "RAM is a shared mapping: its pages are in the backing file; use MemorySave::InBackingFile".into(),
+            ));
+        }
+        let frame = self.read_frame(base)?;
+        let st = qmp!(self, "query-status", self.qmp.query_status());
+        if st.running {
+            qmp!(self, "stop", self.qmp.stop());
+        }
+        let devices_path = devices_path(state);
+        let devices_name = devices_path.to_string_lossy().into_owned();
+        qmp!(
+            self,
+            "xen-save-devices-state",
+            self.qmp.xen_save_devices_state(&devices_name)
+        );
+        let devices = std::fs::read(&devices_path);
+        let _ = std::fs::remove_file(&devices_path);
+        let devices = devices.map_err(|e| self.io("read device state", &devices_path, e))?;
+
+        let job = WriteJob {
+            pid: self.process.pid(),
+            memory: self.spec.memory.path.clone(),
+            state: state.to_path_buf(),
+            frame,
+            devices,
+        };
+        let id = self.spec.id.clone();
+        let written = tokio::task::spawn_blocking(move || job.run())
+            .await
+            .map_err(|e| self.invalid("save_changed_pages", format!("writer thread: {e}")))?;
+        let (write, sync) = written.map_err(|(op, path, source)| VmmError::Io {
+            id,
+            op,
+            path,
+            source,
+        })?;
+        let state_bytes = std::fs::metadata(state)
+            .map_err(|e| self.io("stat state file", state, e))?
+            .len();
+        Ok(SaveInfo {
+            state_bytes,
+            write,
+            sync,
+            total: t0.elapsed(),
+        })
+    }
+
+    fn read_frame(&self, base: &Path) -> Result<RamFrame, VmmError> {
+        let bytes = std::fs::read(base).map_err(|e| self.io("read base state file", base, e))?;
+        let bad = |detail: String| VmmError::StateFile {
+            id: self.spec.id.clone(),
+            path: base.to_path_buf(),
+            detail,
+        };
+        let frame = RamFrame::parse(&bytes, MEMORY_BACKEND_ID).map_err(bad)?;
+        let want = self.spec.memory_mib << 20;
+        if frame.memory_len() != want {
+            return Err(bad(format!(
+                "its guest RAM is {} bytes, this VM has {want}",
+                frame.memory_len()
+            )));
+        }
+        Ok(frame)
+    }
+}
+
+/// Where QEMU writes the device state: beside the state file, so one
+/// directory holds all of a save's scratch.
+fn devices_path(state: &Path) -> PathBuf {
+    let mut name = state.file_name().unwrap_or_default().to_os_string();
+    name.push(".devices");
+    state.with_file_name(name)
+}
+
+type JobError = (&'static str, PathBuf, std::io::Error);
+
+/// The blocking half: scan, read, write, fsync.
+struct WriteJob {
+    pid: u32,
+    memory: PathBuf,
+    state: PathBuf,
+    frame: RamFrame,
+    devices: Vec<u8>,
+}
+
+impl WriteJob {
+    fn run(self) -> Result<(Duration, Duration), JobError> {
+        let t_write = Instant::now();
+        let proc_err = |op| {
+            let path = PathBuf::from(format!("/proc/{}", self.pid));
+            move |e| (op, path, e)
+        };
+        let mapping = RamMapping::find(self.pid, &self.memory, self.frame.memory_len())
+            .map_err(proc_err("find the guest RAM mapping in"))?;
+        let runs = mapping
+            .changed()
+            .map_err(proc_err("read the page map of"))?;
+        let state_path = self.state.clone();
+        let state_err = |op| {
+            let path = state_path.clone();
+            move |e| (op, path, e)
+        };
+        let file = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&self.state)
+            .map_err(state_err("create state file"))?;
+        let mut out = self
+            .frame
+            .begin(BufWriter::with_capacity(1 << 20, &file))
+            .map_err(state_err("write state file"))?;
+        let mut buf = vec![0u8; PAGES_PER_READ as usize * PAGE_SIZE];
+        for run in &runs {
+            let mut done = 0u64;
+            while done < run.pages {
+                let n = (run.pages - done).min(PAGES_PER_READ);
+                let bytes = &mut buf[..n as usize * PAGE_SIZE];
+                let skip = done * PAGE_SIZE as u64;
+                mapping
+                    .read(run.addr + skip, bytes)
+                    .map_err(proc_err("read guest RAM of"))?;
+                for (i, page) in bytes.chunks_exact(PAGE_SIZE).enumerate() {
+                    let offset = run.offset + skip + (i * PAGE_SIZE) as u64;
+                    out.page(offset, page)
+                        .map_err(state_err("write state file"))?;
+                }
+                done += n;
+            }
+        }
+        let mut w = out
+            .finish(&self.devices)
+            .map_err(state_err("write state file"))?;
+        w.flush().map_err(state_err("write state file"))?;
+        drop(w);
+        let write = t_write.elapsed();
+        let t_sync = Instant::now();
+        file.sync_all().map_err(state_err("fsync state file"))?;
+        if let Some(dir) = self.state.parent().filter(|d| !d.as_os_str().is_empty()) {
+            File::open(dir)
+                .and_then(|f| f.sync_all())
+                .map_err(|e| ("fsync directory of state file", dir.to_path_buf(), e))?;
+        }
+        Ok((write, t_sync.elapsed()))
+    }
+}
