@@ -2,7 +2,8 @@
 
 One server per session, on a free loopback port, with its own SIESTA_HOME
 (a temporary directory: `assets` symlinked to the real assets, the `base`
-template copied from the real home when it has one, else built there once),
+template linked in from the real home's repository when it has one, else
+built there once),
 its own network tag and subnet. E2B_API_URL, E2B_SANDBOX_URL and
 E2B_API_KEY point the SDK at it. At the end the server is stopped by pid
 (SIGTERM, then SIGKILL), even when tests fail, and no network namespace of
@@ -15,6 +16,7 @@ temporary home for debugging.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -39,16 +41,35 @@ def _prepare_home() -> Path:
         pytest.exit(f"{BINARY} missing: run `make build`", returncode=3)
     home = Path(tempfile.mkdtemp(prefix="siesta-e2b-", dir="/var/tmp"))
     (home / "assets").symlink_to(assets)
-    existing = REAL_HOME / "templates" / "base"
-    if (existing / "template.json").exists():
-        # A copy, not a link: the real one may be rebuilt while we run, and
-        # a paused sandbox must find the disk it was born from.
-        (home / "templates").mkdir()
-        subprocess.run(
-            ["cp", "-a", "--sparse=always", str(existing), str(home / "templates" / "base")],
-            check=True,
-        )
+    _share_template(REAL_HOME / "repo", home / "repo", "base")
     return home
+
+
+def _share_template(real: Path, repo: Path, name: str) -> None:
+    """Puts template `name` of the real repository into the test home's, so
+    the session does not build it again. Its blobs are immutable and
+    content-addressed, so they are hard-linked (copied across file systems);
+    the snapshot directory is copied: the real template may be rebuilt or
+    deleted while we run, and a paused sandbox must find what it was born
+    from. Without a real template, `_build_template` builds one."""
+    alias = real / "aliases" / f"template:{name}"
+    if not alias.is_file():
+        return
+    snap_id = alias.read_text().strip()
+    source = real / "snapshots" / snap_id
+    record = json.loads((source / "record.json").read_text())
+    for sub in ("aliases", "blobs", "snapshots"):
+        (repo / sub).mkdir(parents=True, exist_ok=True)
+    for f in record["files"].values():
+        if f["in"] != "blob":
+            continue
+        src, dst = real / "blobs" / f["sha256"], repo / "blobs" / f["sha256"]
+        try:
+            os.link(src, dst)
+        except OSError:
+            subprocess.run(["cp", "--sparse=always", str(src), str(dst)], check=True)
+    subprocess.run(["cp", "-a", str(source), str(repo / "snapshots" / snap_id)], check=True)
+    (repo / "aliases" / f"template:{name}").write_text(snap_id)
 
 
 def _build_template(home: Path, log: Path) -> None:

@@ -184,6 +184,7 @@ mod tests {
                             name: "unused".into(),
                         },
                         size: MEM,
+                        content_sha256: None,
                     },
                 )],
                 aliases: vec![],

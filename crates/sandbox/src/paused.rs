@@ -62,11 +62,14 @@ pub(crate) fn publish(
         sandbox: id.to_string(),
         template: template.record.name.clone(),
     };
-    let file = |role: &str, source: &Path, placement| PublishFile {
+    // The state's digest goes into the record: QEMU would load damaged
+    // pages without noticing, so every resume checks it first.
+    let state_sha = siesta_snapshot::repo::sha256_file(state)?;
+    let file = |role: &str, source: &Path, placement, sha256| PublishFile {
         role: role.to_string(),
         source: source.to_path_buf(),
         placement,
-        sha256: None,
+        sha256,
     };
     let (parent, memory) = template.shared_memory().unzip();
     let record = repo.publish(PublishRequest {
@@ -75,8 +78,8 @@ pub(crate) fn publish(
         parent,
         guest_memory_size: template.record.memory.size,
         files: vec![
-            file(STATE, state, Placement::LocalLink),
-            file(DISK, disk, Placement::LocalLink),
+            file(STATE, state, Placement::LocalLink, Some(state_sha)),
+            file(DISK, disk, Placement::LocalLink, None),
         ],
         existing: memory
             .map(|m| (MEMORY.to_string(), m))
@@ -168,7 +171,16 @@ impl SandboxManager {
         running.vm.pause().await.map_err(vmm_err)?;
         let saved = match memory_save::save(running.vm.as_mut(), &template, &state_path, how).await
         {
-            Ok(report) => publish(&repo, &template, &id, &state_path, &disk).map(|s| (s, report)),
+            Ok(report) => {
+                // Hashing, fsyncs and renames: off the async threads.
+                let (repo, template, id) = (repo.clone(), template.clone(), id.clone());
+                let (state, disk) = (state_path.clone(), disk.clone());
+                tokio::task::spawn_blocking(move || publish(&repo, &template, &id, &state, &disk))
+                    .await
+                    .map_err(|e| Error::Invalid(format!("publishing the pause: {e}")))
+                    .and_then(|published| published)
+                    .map(|s| (s, report))
+            }
             Err(e) => Err(vmm_err(e)),
         };
         let (snapshot, report) = match saved {
@@ -219,7 +231,7 @@ impl SandboxManager {
         let template = Template::open(&self.node.config.layout(), &sb.record.template)?;
         let repo = self.repo()?;
         let snapshot = for_resume(&repo, &id)?;
-        let state = repo.file_path(&snapshot, STATE)?;
+        let state = verified_state(&repo, &snapshot).await?;
         let memory = memory_of(&repo, &snapshot, &template)?;
         let disk = sb.disk_path();
         repo.take_file(&snapshot.id, DISK, &disk)?;
@@ -268,6 +280,27 @@ impl SandboxManager {
             tracing::warn!(sandbox = %id, "deleting its paused snapshot: {e}; `siesta repo check` lists it");
         }
     }
+}
+
+/// The state file of `record`, checked against its size and digest (on a
+/// blocking thread) before QEMU loads it: a damaged state is refused with
+/// what was wrong, and the snapshot is left as it is.
+pub(crate) async fn verified_state(
+    repo: &Repository,
+    record: &SnapshotRecord,
+) -> Result<std::path::PathBuf> {
+    let (repo, record) = (repo.clone(), record.clone());
+    let id = record.id.clone();
+    let checked = tokio::task::spawn_blocking(move || repo.verify_file(&record, STATE))
+        .await
+        .map_err(|e| Error::Invalid(format!("verifying the state of snapshot {id}: {e}")))?;
+    checked.map_err(|e| match e {
+        RepoError::Corrupt { path, detail, .. } => Error::CorruptSnapshot {
+            path,
+            detail: format!("saved state of {id}: {detail}"),
+        },
+        other => other.into(),
+    })
 }
 
 /// The memory blob a saved state was taken over: the one its record

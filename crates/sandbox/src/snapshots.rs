@@ -20,7 +20,7 @@ use crate::error::{Error, IoContext, Result};
 use crate::lifecycle::deadline;
 use crate::manager::{new_record, resume_params, CreateRequest, SandboxManager};
 use crate::memory_save::{self, SaveMemory};
-use crate::paused::memory_of;
+use crate::paused::{memory_of, verified_state};
 use crate::resume::{self, SavedState};
 use crate::rootfs::copy_sparse;
 use crate::sandbox::{SandboxInfo, DISK_FILE};
@@ -148,18 +148,23 @@ impl SandboxManager {
             names: names.clone(),
             guest_token: capture.guest_token.clone(),
         };
-        let file = |role: &str, source: &Path| PublishFile {
+        // Every sandbox made from it checks the state against this digest.
+        let state_sha = siesta_snapshot::repo::sha256_file(&capture.state)?;
+        let file = |role: &str, source: &Path, sha256| PublishFile {
             role: role.to_string(),
             source: source.to_path_buf(),
             placement: Placement::LocalMove,
-            sha256: None,
+            sha256,
         };
         let record = repo.publish(PublishRequest {
             id: new_id("snap"),
             kind: SnapshotKind::User,
             parent: Some(parent),
             guest_memory_size: template.record.memory.size,
-            files: vec![file(STATE, &capture.state), file(DISK, &capture.disk)],
+            files: vec![
+                file(STATE, &capture.state, Some(state_sha)),
+                file(DISK, &capture.disk, None),
+            ],
             existing: vec![(MEMORY.to_string(), memory)],
             aliases: names.iter().map(|n| alias_of(n)).collect(),
             meta: serde_json::to_value(&meta).map_err(|e| Error::Invalid(e.to_string()))?,
@@ -220,7 +225,7 @@ impl SandboxManager {
                 path: repo.snapshot_dir(&snap.id),
                 detail: format!("bad snapshot record: {e}"),
             })?;
-        let state = repo.file_path(snap, STATE)?;
+        let state = verified_state(&repo, snap).await?;
         let disk = repo.file_path(snap, DISK)?;
         let template = Template::open(&self.node.config.layout(), &meta.template)?;
         let memory = memory_of(&repo, snap, &template)?;

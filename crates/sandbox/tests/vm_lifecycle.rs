@@ -175,17 +175,35 @@ async fn scenario(node: &Arc<Node>, m: &Arc<SandboxManager>, home: &Path) {
     assert!(!sandbox_dir.join("disk.qcow2").exists());
     assert!(repo.check().unwrap().is_clean());
 
-    // A corrupt paused state: a clear error naming it, and nothing lost.
+    // Only the pages the guest changed since the template were saved: far
+    // less than its 512 MiB of RAM, with the digest in the record.
     let state = repo.file_path(&pause, STATE).unwrap();
     let good = std::fs::read(&state).unwrap();
-    std::fs::write(&state, vec![0xAB; good.len()]).unwrap();
-    let err = m.resume(&a.id).await.expect_err("corrupt paused state");
-    assert!(err.to_string().contains(&*state.to_string_lossy()), "{err}");
-    assert_eq!(m.get(&a.id).await.unwrap().state, SandboxState::Paused);
     assert!(
-        repo.file_path(&pause, DISK).unwrap().exists(),
-        "disk given back"
+        good.len() < 64 << 20,
+        "a pause saved {} bytes: more than the guest's changed pages",
+        good.len()
     );
+    assert!(
+        pause.files[STATE].digest().is_some(),
+        "state without digest"
+    );
+
+    // A corrupt paused state: a clear error naming it, and nothing lost.
+    // All garbage, and one flipped byte QEMU would load without noticing.
+    let mut flipped = good.clone();
+    flipped[good.len() / 2] ^= 0x01;
+    for bad in [vec![0xAB; good.len()], flipped] {
+        std::fs::write(&state, &bad).unwrap();
+        let err = m.resume(&a.id).await.expect_err("corrupt paused state");
+        assert!(err.to_string().contains(&*state.to_string_lossy()), "{err}");
+        assert!(err.to_string().contains("SHA-256"), "{err}");
+        assert_eq!(m.get(&a.id).await.unwrap().state, SandboxState::Paused);
+        assert!(
+            repo.file_path(&pause, DISK).unwrap().exists(),
+            "disk given back"
+        );
+    }
     std::fs::write(&state, &good).unwrap();
 
     let resumed = m.resume(&a.id).await.expect("resume");

@@ -51,6 +51,22 @@ pub struct FileRef {
     pub location: FileLocation,
     /// Apparent size in bytes.
     pub size: u64,
+    /// SHA-256 of a private file, when its publisher gave it (a saved VM
+    /// state, which must never be loaded damaged); a blob's digest is its
+    /// name.
+    /// (Not `sha256`: that key is the blob location's.)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content_sha256: Option<String>,
+}
+
+impl FileRef {
+    /// The content digest the record promises, if any.
+    pub fn digest(&self) -> Option<&str> {
+        match &self.location {
+            FileLocation::Blob { sha256 } => Some(sha256),
+            FileLocation::Local { .. } => self.content_sha256.as_deref(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -275,3 +275,35 @@ fn linked_private_file_is_taken_and_returned() {
         Err(RepoError::NotFound(_))
     ));
 }
+
+#[test]
+fn verify_file_checks_size_and_the_digest_the_record_keeps() {
+    use siesta_snapshot::repo::sha256_file;
+
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = Repository::open(tmp.path().join("repo")).unwrap();
+    let (mem, state) = sources(tmp.path(), "v", 5);
+    let mut req = request("v", &mem, &state);
+    req.files[1].sha256 = Some(sha256_file(&state).unwrap());
+    let v = repo.publish(req).unwrap();
+    let again = repo.get("v").unwrap();
+    assert_eq!(again.files["state"].digest(), v.files["state"].digest());
+    assert!(
+        v.files["state"].digest().is_some(),
+        "a private file keeps its digest"
+    );
+    repo.verify_file(&v, "state").unwrap();
+    repo.verify_file(&v, "memory").unwrap();
+
+    let path = repo.file_path(&v, "state").unwrap();
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[3] ^= 0x40;
+    std::fs::write(&path, &bytes).unwrap();
+    let e = repo.verify_file(&v, "state").unwrap_err();
+    assert!(matches!(e, RepoError::Corrupt { .. }), "{e}");
+    assert!(e.to_string().contains("SHA-256"), "{e}");
+    bytes.pop();
+    std::fs::write(&path, &bytes).unwrap();
+    let e = repo.verify_file(&v, "state").unwrap_err();
+    assert!(e.to_string().contains("bytes, the record says"), "{e}");
+}

@@ -27,7 +27,7 @@ use std::sync::Arc;
 
 pub use check::{CheckReport, Issue, IssueKind};
 pub use lock::{LockOwner, RecordLock};
-pub use publish::{Placement, PublishFile, PublishRequest, PublishStep};
+pub use publish::{sha256_file, Placement, PublishFile, PublishRequest, PublishStep};
 
 use crate::manifest::{Manifest, ManifestError};
 use crate::record::{FileLocation, SnapshotRecord, MANIFEST_FILE};
@@ -64,6 +64,13 @@ pub enum RepoError {
         id: String,
         #[source]
         source: ManifestError,
+    },
+    #[error("file {role:?} of snapshot {id:?} ({}) is damaged: {detail}", path.display())]
+    Corrupt {
+        id: String,
+        role: String,
+        path: PathBuf,
+        detail: String,
     },
     #[error("snapshot {id:?} has no file {role:?}")]
     NoFile { id: String, role: String },
@@ -208,6 +215,33 @@ impl Repository {
             FileLocation::Blob { sha256 } => self.blob_path(sha256),
             FileLocation::Local { name } => self.snapshot_dir(&record.id).join(name),
         })
+    }
+
+    /// Checks the file of `role` of `record` against the size and digest the
+    /// record promises (a file without a digest: its size only). Reads the
+    /// whole file: call it from a blocking thread.
+    pub fn verify_file(&self, record: &SnapshotRecord, role: &str) -> Result<PathBuf, RepoError> {
+        let path = self.file_path(record, role)?;
+        let f = &record.files[role];
+        let corrupt = |detail: String| RepoError::Corrupt {
+            id: record.id.clone(),
+            role: role.to_string(),
+            path: path.clone(),
+            detail,
+        };
+        let size = std::fs::metadata(&path)
+            .map_err(|e| corrupt(format!("cannot be read: {e}")))?
+            .len();
+        if size != f.size {
+            return Err(corrupt(format!("{size} bytes, the record says {}", f.size)));
+        }
+        if let Some(want) = f.digest() {
+            let got = publish::sha256_file(&path)?;
+            if got != want {
+                return Err(corrupt(format!("SHA-256 {got}, the record says {want}")));
+            }
+        }
+        Ok(path)
     }
 
     /// Reads and validates the startup manifest of `record`: `Ok(None)` when

@@ -74,8 +74,9 @@ pub struct PublishFile {
     pub role: String,
     pub source: PathBuf,
     pub placement: Placement,
-    /// The source's SHA-256 when the caller already computed it (blobs only;
-    /// saves hashing a large file twice).
+    /// The source's SHA-256 when the caller already computed it. A blob
+    /// without one is hashed; a private file's is kept in the record
+    /// ([`FileRef::content_sha256`]) for [`Repository::verify_file`].
     pub sha256: Option<String>,
 }
 
@@ -230,6 +231,7 @@ impl Repository {
         Ok(FileRef {
             location: FileLocation::Blob { sha256: sha },
             size,
+            content_sha256: None,
         })
     }
 }
@@ -260,6 +262,7 @@ fn add_local(f: &PublishFile, staging: &Path) -> Result<FileRef, RepoError> {
     Ok(FileRef {
         location: FileLocation::Local { name },
         size,
+        content_sha256: f.sha256.clone(),
     })
 }
 
