@@ -134,6 +134,7 @@ def test_bad_list_queries(api, query):
         ("pause", b'{"memory": "yes"}'),
         ("snapshots", b'{"name": 5}'),
         ("fork", b'{"count": 0}'),
+        ("fork", b'{"count": 65}'),
         ("fork", b'{"count": 1000}'),
     ],
 )

@@ -29,6 +29,13 @@ pub enum SandboxCommand {
     Pause { id: String },
     /// Resume a paused sandbox.
     Resume { id: String },
+    /// Copy a running sandbox into N new ones (it runs on); prints each
+    /// child's id, or its error.
+    Fork {
+        id: String,
+        #[arg(long, default_value_t = 1)]
+        count: u32,
+    },
     /// Stop a sandbox and delete its files.
     Kill { id: String },
 }
@@ -146,6 +153,7 @@ pub async fn run(cmd: SandboxCommand) -> anyhow::Result<ExitCode> {
                 }
             );
         }
+        SandboxCommand::Fork { id, count } => return fork(&api, &id, count).await,
         SandboxCommand::Kill { id } => {
             api.call(Method::DELETE, &format!("/sandboxes/{id}"), None)
                 .await?;
@@ -153,6 +161,31 @@ pub async fn run(cmd: SandboxCommand) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+async fn fork(api: &Api, id: &str, count: u32) -> anyhow::Result<ExitCode> {
+    let (_, v) = api
+        .call(
+            reqwest::Method::POST,
+            &format!("/sandboxes/{id}/fork"),
+            Some(json!({ "count": count })),
+        )
+        .await?;
+    let mut failed = 0;
+    for child in v.as_array().into_iter().flatten() {
+        match child["sandbox"]["sandboxID"].as_str() {
+            Some(child_id) => println!("{child_id}"),
+            None => {
+                failed += 1;
+                eprintln!("a child failed: {}", child["error"]["message"]);
+            }
+        }
+    }
+    Ok(if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
 
 async fn exec(

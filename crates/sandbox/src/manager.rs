@@ -121,6 +121,7 @@ impl SandboxManager {
                     dir: layout.sandbox_dir(&record.id),
                     record,
                     running: None,
+                    stopping: None,
                 };
                 (sb.record.id.clone(), Arc::new(Mutex::new(sb)))
             })
@@ -198,6 +199,7 @@ impl SandboxManager {
             dir: dir.clone(),
             record,
             running: None,
+            stopping: None,
         };
         set_running(&mut sandbox, running(resumed), timeout);
         if let Err(e) = self.store.put(&sandbox.record) {
@@ -436,6 +438,7 @@ impl SandboxManager {
         let entries: Vec<Entry> = self.sandboxes.lock().await.values().cloned().collect();
         let stops = entries.into_iter().map(|entry| async move {
             let mut sb = entry.lock_owned().await;
+            finish_stopping(&mut sb).await;
             if self.persistent && sb.running.is_some() {
                 if let Err(e) = self.pause_locked(&mut sb, SaveMemory::Changed).await {
                     let reason = format!("could not be paused at server stop: {e}");
@@ -458,7 +461,10 @@ impl SandboxManager {
         self.closed.store(true, Ordering::SeqCst);
         self.reaper.stop().await;
         for entry in self.sandboxes.lock().await.values() {
-            if let Some(r) = entry.lock().await.running.take() {
+            let mut sb = entry.lock().await;
+            // Pauses that returned count as done, VMM exit included.
+            finish_stopping(&mut sb).await;
+            if let Some(r) = sb.running.take() {
                 std::mem::forget(r);
             }
         }
@@ -538,13 +544,40 @@ pub(crate) fn running(r: Resumed) -> Running {
 }
 
 pub(crate) async fn stop_running(node: &Node, sb: &mut Sandbox) {
-    if let Some(mut r) = sb.running.take() {
-        if let Err(e) = r.vm.shutdown().await {
+    finish_stopping(sb).await;
+    if let Some(r) = sb.running.take() {
+        stop_vm(node, &sb.record.id, r).await;
+    }
+}
+
+/// Stops the sandbox's VM without waiting for it: for a pause, whose
+/// snapshot is durable and whose row is committed by then, so the VMM's
+/// exit (tens of ms) is off the caller's path. The next thing that needs
+/// the VM gone ([`stop_running`], a resume, shutdown) waits for it.
+pub(crate) fn stop_in_background(node: &Arc<Node>, sb: &mut Sandbox) {
+    if let Some(r) = sb.running.take() {
+        let (node, id) = (Arc::clone(node), sb.record.id.clone());
+        sb.stopping = Some(tokio::spawn(async move {
+            stop_vm(&node, &id, r).await;
+        }));
+    }
+}
+
+/// Waits for a stop [`stop_in_background`] began.
+pub(crate) async fn finish_stopping(sb: &mut Sandbox) {
+    if let Some(stopping) = sb.stopping.take() {
+        if let Err(e) = stopping.await {
             tracing::warn!(sandbox = %sb.record.id, "stopping VMM: {e}");
         }
-        node.release_slot(r.slot).await;
-        let _ = std::fs::remove_dir_all(&r.run_dir);
     }
+}
+
+async fn stop_vm(node: &Node, id: &str, mut r: Running) {
+    if let Err(e) = r.vm.shutdown().await {
+        tracing::warn!(sandbox = %id, "stopping VMM: {e}");
+    }
+    node.release_slot(r.slot).await;
+    let _ = std::fs::remove_dir_all(&r.run_dir);
 }
 
 pub(crate) fn resume_params(record: &SandboxRecord) -> ResumeParams {

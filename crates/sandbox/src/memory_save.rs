@@ -41,6 +41,11 @@ pub struct SaveReport {
     pub state_bytes: u64,
     /// The VMM's save, fsync included.
     pub save: Duration,
+    /// Of which writing the file, and waiting for its fsync.
+    pub write: Duration,
+    pub sync: Duration,
+    /// The state file's SHA-256 where the save hashed it on the way.
+    pub sha256: Option<String>,
 }
 
 /// Saves `vm` (a sandbox of `template`) to `state`. The VM is left paused.
@@ -69,6 +74,9 @@ fn report(memory: MemorySave, info: &SaveInfo, t0: Instant) -> SaveReport {
         memory,
         state_bytes: info.state_bytes,
         save: t0.elapsed(),
+        write: info.write,
+        sync: info.sync,
+        sha256: info.sha256.clone(),
     }
 }
 

@@ -27,7 +27,8 @@ use siesta_snapshot::{RepoError, Repository, SnapshotKind, SnapshotRecord};
 use crate::error::{Error, IoContext, Result};
 use crate::lifecycle::deadline;
 use crate::manager::{
-    resume_params, running, set_running, stop_running, wrong_state, SandboxManager,
+    finish_stopping, resume_params, running, set_running, stop_in_background, stop_running,
+    wrong_state, SandboxManager,
 };
 use crate::memory_save::{self, SaveMemory, SaveReport};
 use crate::resume::{self, SavedState};
@@ -56,6 +57,7 @@ pub(crate) fn publish(
     template: &Template,
     id: &str,
     state: &Path,
+    state_sha256: Option<String>,
     disk: &Path,
 ) -> Result<SnapshotRecord> {
     let meta = PausedMeta {
@@ -63,8 +65,12 @@ pub(crate) fn publish(
         template: template.record.name.clone(),
     };
     // The state's digest goes into the record: QEMU would load damaged
-    // pages without noticing, so every resume checks it first.
-    let state_sha = siesta_snapshot::repo::sha256_file(state)?;
+    // pages without noticing, so every resume checks it first. A
+    // changed-pages save hashed the file as it wrote it.
+    let state_sha = match state_sha256 {
+        Some(sha) => sha,
+        None => siesta_snapshot::repo::sha256_file(state)?,
+    };
     let file = |role: &str, source: &Path, placement, sha256| PublishFile {
         role: role.to_string(),
         source: source.to_path_buf(),
@@ -168,6 +174,7 @@ impl SandboxManager {
             return Err(wrong_state(sb, "running"));
         };
         let vmm_err = |source| Error::vmm(id.clone(), source);
+        let t0 = std::time::Instant::now();
         running.vm.pause().await.map_err(vmm_err)?;
         let saved = match memory_save::save(running.vm.as_mut(), &template, &state_path, how).await
         {
@@ -175,14 +182,18 @@ impl SandboxManager {
                 // Hashing, fsyncs and renames: off the async threads.
                 let (repo, template, id) = (repo.clone(), template.clone(), id.clone());
                 let (state, disk) = (state_path.clone(), disk.clone());
-                tokio::task::spawn_blocking(move || publish(&repo, &template, &id, &state, &disk))
-                    .await
-                    .map_err(|e| Error::Invalid(format!("publishing the pause: {e}")))
-                    .and_then(|published| published)
-                    .map(|s| (s, report))
+                let sha = report.sha256.clone();
+                tokio::task::spawn_blocking(move || {
+                    publish(&repo, &template, &id, &state, sha, &disk)
+                })
+                .await
+                .map_err(|e| Error::Invalid(format!("publishing the pause: {e}")))
+                .and_then(|published| published)
+                .map(|s| (s, report))
             }
             Err(e) => Err(vmm_err(e)),
         };
+        let t_published = t0.elapsed();
         let (snapshot, report) = match saved {
             Ok(s) => s,
             Err(e) => {
@@ -209,11 +220,17 @@ impl SandboxManager {
             }
             return Err(e.into());
         }
-        stop_running(&self.node, sb).await;
+        let t_committed = t0.elapsed();
+        stop_in_background(&self.node, sb);
         // The row says paused: streams from it end now (see Node).
         self.node.announce_stopped(&id);
         // From here on the repository's copy is the disk.
         drop_link(&repo, &snapshot, &disk)?;
+        let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+        tracing::info!(sandbox = %id, memory = ?report.memory, state_bytes = report.state_bytes,
+            save_ms = ms(report.save), write_ms = ms(report.write), sync_ms = ms(report.sync),
+            published_ms = ms(t_published),
+            committed_ms = ms(t_committed), total_ms = ms(t0.elapsed()), "paused");
         Ok(report)
     }
 
@@ -230,6 +247,8 @@ impl SandboxManager {
         let id = sb.record.id.clone();
         let template = Template::open(&self.node.config.layout(), &sb.record.template)?;
         let repo = self.repo()?;
+        // The pause's VMM holds the disk's image lock until it exits.
+        finish_stopping(sb).await;
         let snapshot = for_resume(&repo, &id)?;
         let state = verified_state(&repo, &snapshot).await?;
         let memory = memory_of(&repo, &snapshot, &template)?;

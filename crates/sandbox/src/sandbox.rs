@@ -175,6 +175,10 @@ pub struct Sandbox {
     pub record: SandboxRecord,
     /// `Some` while running.
     pub running: Option<Running>,
+    /// A pause's stop of the VMM, left to finish after the pause returned
+    /// (see `manager::stop_in_background`); whatever uses the sandbox's
+    /// disk or VM next waits for it.
+    pub stopping: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Sandbox {

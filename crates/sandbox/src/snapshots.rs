@@ -11,6 +11,7 @@
 
 use std::path::{Path, PathBuf};
 
+use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use siesta_snapshot::record::{DISK, MEMORY, STATE};
 use siesta_snapshot::repo::{new_id, Placement, PublishFile, PublishRequest};
@@ -58,6 +59,8 @@ struct Capture {
     /// holds.
     template: Template,
     guest_token: String,
+    /// `state`'s SHA-256 where the save computed it.
+    state_sha256: Option<String>,
 }
 
 /// What a new sandbox starts from: a saved state, the memory blob it was
@@ -103,6 +106,7 @@ impl SandboxManager {
             memory: template.memory.clone(),
             template,
             guest_token: sb.record.access_token.clone(),
+            state_sha256: None,
         };
         let disk = sb.disk_path();
         let Some(running) = sb.running.as_mut() else {
@@ -117,9 +121,11 @@ impl SandboxManager {
         capture.memory = running.vm.memory_file().to_path_buf();
         let saved = async {
             let vm = running.vm.as_mut();
-            memory_save::save(vm, &capture.template, &capture.state, SaveMemory::Changed)
-                .await
-                .map_err(vmm_err)?;
+            let report =
+                memory_save::save(vm, &capture.template, &capture.state, SaveMemory::Changed)
+                    .await
+                    .map_err(vmm_err)?;
+            capture.state_sha256 = report.sha256;
             copy_sparse(&disk, &capture.disk).await
         }
         .await;
@@ -149,7 +155,10 @@ impl SandboxManager {
             guest_token: capture.guest_token.clone(),
         };
         // Every sandbox made from it checks the state against this digest.
-        let state_sha = siesta_snapshot::repo::sha256_file(&capture.state)?;
+        let state_sha = match &capture.state_sha256 {
+            Some(sha) => sha.clone(),
+            None => siesta_snapshot::repo::sha256_file(&capture.state)?,
+        };
         let file = |role: &str, source: &Path, sha256| PublishFile {
             role: role.to_string(),
             source: source.to_path_buf(),
@@ -271,45 +280,58 @@ impl SandboxManager {
     }
 
     /// `count` new sandboxes, each a copy of running sandbox `id` as it is
-    /// now; the source runs on. One result per child.
+    /// now; the source runs on. One result per child, in order.
+    ///
+    /// The source is captured once; the children resume from that one
+    /// state file concurrently (at most [`FORK_CONCURRENCY`] at a time), so
+    /// they read its pages through one page cache and map the same
+    /// template blob. Each gets its own id, access token, entropy (both at
+    /// `/init`), network slot and copy of the disk.
     pub async fn fork(
         &self,
         id: &str,
         count: u32,
         timeout_secs: Option<u64>,
     ) -> Result<Vec<Result<SandboxInfo>>> {
-        if !(1..=20).contains(&count) {
-            return Err(Error::Invalid(format!("fork count {count}: use 1 to 20")));
+        if !(1..=MAX_FORK_CHILDREN).contains(&count) {
+            return Err(Error::Invalid(format!(
+                "fork count {count}: use 1 to {MAX_FORK_CHILDREN}"
+            )));
         }
         deadline(timeout_secs)?;
         let source = self.get(id).await?;
         let capture = self.capture(id).await?;
-        let template = capture.template.record.name.clone();
-        let mut children = Vec::with_capacity(count as usize);
-        for _ in 0..count {
-            let req = CreateRequest {
-                template: template.clone(),
-                env_vars: source.env_vars.clone(),
-                metadata: source.metadata.clone(),
-                egress: source.egress.clone(),
-                private_traffic: source.traffic_token.is_some(),
-                timeout_secs,
-                lifecycle: source.lifecycle,
-            };
-            let origin = Origin {
-                state: &capture.state,
-                memory: &capture.memory,
-                disk: &capture.disk,
-                guest_token: &capture.guest_token,
-            };
-            children.push(
-                self.create_from_capture(&capture.template, origin, req)
-                    .await,
-            );
-        }
+        let req = CreateRequest {
+            template: capture.template.record.name.clone(),
+            env_vars: source.env_vars.clone(),
+            metadata: source.metadata.clone(),
+            egress: source.egress.clone(),
+            private_traffic: source.traffic_token.is_some(),
+            timeout_secs,
+            lifecycle: source.lifecycle,
+        };
+        let origin = || Origin {
+            state: &capture.state,
+            memory: &capture.memory,
+            disk: &capture.disk,
+            guest_token: &capture.guest_token,
+        };
+        let children = futures::stream::iter(0..count)
+            .map(|_| self.create_from_capture(&capture.template, origin(), req.clone()))
+            .buffered(FORK_CONCURRENCY)
+            .collect()
+            .await;
         Ok(children)
     }
 }
+
+/// The most children one fork call makes.
+pub const MAX_FORK_CHILDREN: u32 = 64;
+
+/// Children resumed at once: enough to overlap one child's waits (its
+/// guest's health and init, the disk copy) with another's CPU work, few
+/// enough that 64 children do not start 64 VMMs in the same instant.
+const FORK_CONCURRENCY: usize = 8;
 
 fn info(record: &SnapshotRecord, meta: UserSnapshotMeta) -> SnapshotInfo {
     SnapshotInfo {

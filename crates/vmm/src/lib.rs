@@ -84,6 +84,9 @@ pub struct SaveInfo {
     pub sync: Duration,
     /// The whole `save` call.
     pub total: Duration,
+    /// The state file's SHA-256 when the save computed it on the way
+    /// (`save_changed_pages` does), so callers need not read it again.
+    pub sha256: Option<String>,
 }
 
 /// One VMM process running one VM.

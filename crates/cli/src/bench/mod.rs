@@ -3,10 +3,13 @@
 
 mod agent;
 mod compare;
+mod density;
+mod fork;
 mod pagecache;
 mod paired;
 mod pause;
 mod resume;
+mod session;
 
 use std::process::ExitCode;
 
@@ -18,6 +21,12 @@ pub enum BenchCommand {
     /// Pause sandboxes that wrote 0, 16, 64, 256 MiB, saving changed pages
     /// and all of RAM side by side: pause time, stored bytes, resume time.
     Pause(pause::PauseArgs),
+    /// Fork a running sandbox into N children: time until all are ready,
+    /// against one child and a template resume.
+    Fork(fork::ForkArgs),
+    /// Host memory (PSS) of N idle sandboxes over N times their guest
+    /// memory.
+    Density(density::DensityArgs),
     /// Start the guest agent on the host and measure start-up, `Start`
     /// round trips and idle memory.
     Agent(agent::AgentArgs),
@@ -28,5 +37,7 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<ExitCode> {
         BenchCommand::Resume(args) => resume::run(args).await,
         BenchCommand::Agent(args) => agent::run(args).await,
         BenchCommand::Pause(args) => pause::run(args).await,
+        BenchCommand::Fork(args) => fork::run(args).await,
+        BenchCommand::Density(args) => density::run(args).await,
     }
 }

@@ -14,8 +14,9 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use serde_json::json;
 use siesta_sandbox::memory_save::SaveMemory;
-use siesta_sandbox::{CreateRequest, Node, NodeConfig, SandboxManager};
+use siesta_sandbox::{CreateRequest, SandboxManager};
 
+use super::session::Session;
 use crate::stats::summarize;
 
 #[derive(clap::Args)]
@@ -45,14 +46,9 @@ pub async fn run(args: PauseArgs) -> anyhow::Result<ExitCode> {
     if args.samples == 0 || args.dirty_mib.is_empty() {
         bail!("give at least one sample and one --dirty-mib size");
     }
-    let mut config = NodeConfig::from_env().map_err(anyhow::Error::msg)?;
-    config.net_tag = "n".into(); // never the server's slots
-    let node = Node::start(config).await?;
-    // In-memory rows: the bench's sandboxes die with it.
-    let manager = SandboxManager::ephemeral(node.clone())?;
-    let outcome = measure_all(&manager, &args).await;
-    manager.shutdown().await;
-    node.shutdown().await;
+    let session = Session::start().await?;
+    let outcome = measure_all(&session.manager, &args).await;
+    session.close().await;
     let rows = outcome?;
     report(&args, &rows);
     Ok(ExitCode::SUCCESS)

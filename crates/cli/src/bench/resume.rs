@@ -1,4 +1,6 @@
-//! `siesta bench resume`.
+//! `siesta bench resume`: resumes from a template one after another, each
+//! sandbox then paused and resumed once more, so both resume paths are
+//! measured side by side, stage by stage, in one run.
 
 use std::collections::BTreeMap;
 use std::process::ExitCode;
@@ -49,9 +51,16 @@ pub async fn run(args: ResumeArgs) -> anyhow::Result<ExitCode> {
     let outcome = measure(&node, &manager, &tpl, &args).await;
     manager.shutdown().await;
     node.shutdown().await;
-    let (samples, cold_boot_ms) = outcome?;
-    report(&args, &samples, cold_boot_ms, &node);
+    let measured = outcome?;
+    report(&args, &measured, &node);
     Ok(ExitCode::SUCCESS)
+}
+
+/// Stage timings of each path, and the cold boot they compare with.
+struct Measured {
+    from_template: Vec<StageTimings>,
+    from_paused: Vec<StageTimings>,
+    cold_boot_ms: f64,
 }
 
 async fn measure(
@@ -59,7 +68,7 @@ async fn measure(
     manager: &std::sync::Arc<SandboxManager>,
     tpl: &Template,
     args: &ResumeArgs,
-) -> anyhow::Result<(Vec<StageTimings>, f64)> {
+) -> anyhow::Result<Measured> {
     // A template built from an OCI image has no root file system asset to
     // boot again: its build's own cold boot stands in.
     let cold_boot_ms = if node.config.layout().image(&tpl.record.image).exists() {
@@ -70,7 +79,11 @@ async fn measure(
         tpl.record.cold_boot_ms
     };
     manager.warm(&args.template)?;
-    let mut samples = Vec::with_capacity(args.samples);
+    let mut out = Measured {
+        from_template: Vec::with_capacity(args.samples),
+        from_paused: Vec::with_capacity(args.samples),
+        cold_boot_ms,
+    };
     for i in 0..args.samples {
         // Every sample takes a pre-spawned VMM, as in the seed's warm-pool runs.
         manager
@@ -85,95 +98,148 @@ async fn measure(
             })
             .await
             .with_context(|| format!("resume {} of {}", i + 1, args.samples))?;
-        samples.push(info.timings.clone().unwrap_or_default());
+        out.from_template
+            .push(info.timings.clone().unwrap_or_default());
+        let paused = async {
+            manager.pause(&info.id).await?;
+            manager.resume(&info.id).await
+        }
+        .await
+        .with_context(|| format!("pause and resume {} of {}", i + 1, args.samples));
         manager.kill(&info.id).await?;
+        out.from_paused.push(paused?.timings.unwrap_or_default());
     }
-    Ok((samples, cold_boot_ms))
+    Ok(out)
 }
 
-fn report(args: &ResumeArgs, samples: &[StageTimings], cold_boot_ms: f64, node: &Node) {
-    let totals: Vec<f64> = samples.iter().map(|t| t.total_ms).collect();
-    let total = summarize(&totals);
-    let host: Vec<f64> = samples.iter().map(StageTimings::host_side_ms).collect();
-    let host = summarize(&host);
-    let unattributed = summarize(
-        &samples
-            .iter()
-            .map(StageTimings::unattributed_ms)
-            .collect::<Vec<_>>(),
-    );
-    let mut stages: BTreeMap<Stage, Summary> = BTreeMap::new();
+/// Summaries of one path's samples.
+struct PathSummary {
+    total: Summary,
+    host: Summary,
+    unattributed: Summary,
+    stages: BTreeMap<Stage, Summary>,
+}
+
+fn summarize_path(samples: &[StageTimings]) -> PathSummary {
+    let column =
+        |f: &dyn Fn(&StageTimings) -> f64| summarize(&samples.iter().map(f).collect::<Vec<_>>());
+    let mut stages = BTreeMap::new();
     for stage in Stage::ALL {
-        let values: Vec<f64> = samples.iter().map(|t| t.get(stage)).collect();
-        if values.iter().any(|v| *v > 0.0) {
-            stages.insert(stage, summarize(&values));
+        if samples.iter().any(|t| t.get(stage) > 0.0) {
+            stages.insert(stage, column(&|t| t.get(stage)));
         }
     }
+    PathSummary {
+        total: column(&|t| t.total_ms),
+        host: column(&StageTimings::host_side_ms),
+        unattributed: column(&StageTimings::unattributed_ms),
+        stages,
+    }
+}
+
+fn report(args: &ResumeArgs, m: &Measured, node: &Node) {
+    let tpl = summarize_path(&m.from_template);
+    let paused = summarize_path(&m.from_paused);
+    let cold_boot_ms = m.cold_boot_ms;
     let vmm = node.vmm.info().clone();
     if args.json {
-        let stage_means: serde_json::Map<String, serde_json::Value> = stages
-            .iter()
-            .map(|(s, v)| (s.name().to_string(), json!(v.mean)))
-            .collect();
         let out = json!({
-            "samples": total.n,
-            "mean_ms": total.mean,
-            "p50_ms": total.p50,
-            "min_ms": total.min,
-            "max_ms": total.max,
-            "stages": stage_means,
-            "unattributed_ms": unattributed.mean,
-            "host_side_p50_ms": host.p50,
+            "samples": tpl.total.n,
+            "mean_ms": tpl.total.mean,
+            "p50_ms": tpl.total.p50,
+            "min_ms": tpl.total.min,
+            "max_ms": tpl.total.max,
+            "stages": stage_means(&tpl),
+            "unattributed_ms": tpl.unattributed.mean,
+            "host_side_p50_ms": tpl.host.p50,
             "cold_boot_ms": cold_boot_ms,
-            "p50_over_cold_boot": total.p50 / cold_boot_ms,
+            "p50_over_cold_boot": tpl.total.p50 / cold_boot_ms,
+            "paused": {
+                "mean_ms": paused.total.mean,
+                "p50_ms": paused.total.p50,
+                "min_ms": paused.total.min,
+                "max_ms": paused.total.max,
+                "stages": stage_means(&paused),
+                "host_side_p50_ms": paused.host.p50,
+            },
+            "paused_over_template_p50": paused.total.p50 / tpl.total.p50,
             "vmm": vmm,
         });
         println!("{out}");
         return;
     }
     println!(
-        "siesta bench resume: template {}, {} {} ({})\n",
+        "siesta bench resume: template {}, {} {} ({}); each sandbox resumed from the template, then paused and resumed again\n",
         args.template,
         vmm.kind,
         vmm.version,
         vmm.accel.as_str()
     );
-    println!("| Samples | Mean | p50 | Min | Max |");
-    println!("| ---: | ---: | ---: | ---: | ---: |");
-    println!(
-        "| {} | {:.2} ms | {:.2} ms | {:.2} ms | {:.2} ms |\n",
-        total.n, total.mean, total.p50, total.min, total.max
-    );
-    println!("| Stage | Mean | p50 | Share |");
-    println!("| --- | ---: | ---: | ---: |");
-    for (stage, s) in &stages {
+    println!("| Resume from | Samples | Mean | p50 | Min | Max |");
+    println!("| --- | ---: | ---: | ---: | ---: | ---: |");
+    for (name, p) in [("template", &tpl), ("paused sandbox", &paused)] {
+        let t = &p.total;
         println!(
-            "| {} | {:.3} ms | {:.3} ms | {:.2}% |",
-            stage.name(),
-            s.mean,
-            s.p50,
-            100.0 * s.mean / total.mean
+            "| {name} | {} | {:.2} ms | {:.2} ms | {:.2} ms | {:.2} ms |",
+            t.n, t.mean, t.p50, t.min, t.max
         );
     }
+    println!();
+    println!("| Stage | template mean | template p50 | share | paused mean | paused p50 |");
+    println!("| --- | ---: | ---: | ---: | ---: | ---: |");
+    let stages: std::collections::BTreeSet<Stage> = tpl
+        .stages
+        .keys()
+        .chain(paused.stages.keys())
+        .copied()
+        .collect();
+    let cell = |p: &PathSummary, s: Stage| {
+        p.stages
+            .get(&s)
+            .map(|v| (format!("{:.3} ms", v.mean), format!("{:.3} ms", v.p50)))
+            .unwrap_or(("-".into(), "-".into()))
+    };
+    for stage in stages {
+        let ((tm, tp), (pm, pp)) = (cell(&tpl, stage), cell(&paused, stage));
+        let share = tpl
+            .stages
+            .get(&stage)
+            .map(|v| format!("{:.2}%", 100.0 * v.mean / tpl.total.mean))
+            .unwrap_or("-".into());
+        println!("| {} | {tm} | {tp} | {share} | {pm} | {pp} |", stage.name());
+    }
     println!(
-        "| unattributed | {:.3} ms | - | {:.2}% |",
-        unattributed.mean,
-        100.0 * unattributed.mean / total.mean
+        "| unattributed | {:.3} ms | - | {:.2}% | {:.3} ms | - |",
+        tpl.unattributed.mean,
+        100.0 * tpl.unattributed.mean / tpl.total.mean,
+        paused.unattributed.mean
     );
     println!(
-        "| **total** | **{:.3} ms** | **{:.3} ms** | 100% |\n",
-        total.mean, total.p50
+        "| **total** | **{:.3} ms** | **{:.3} ms** | 100% | **{:.3} ms** | **{:.3} ms** |\n",
+        tpl.total.mean, tpl.total.p50, paused.total.mean, paused.total.p50
     );
     println!("| Comparison | Value |");
     println!("| --- | ---: |");
     println!("| cold boot of the same image (spawn to first /health) | {cold_boot_ms:.1} ms |");
     println!(
         "| resume p50 / cold boot | {:.4} (1/{:.0}) |",
-        total.p50 / cold_boot_ms,
-        cold_boot_ms / total.p50
+        tpl.total.p50 / cold_boot_ms,
+        cold_boot_ms / tpl.total.p50
     );
     println!(
         "| host side p50 (total - guest_health - agent_init) | {:.3} ms |",
-        host.p50
+        tpl.host.p50
     );
+    println!(
+        "| paused resume p50 / template resume p50 | {:.3} |",
+        paused.total.p50 / tpl.total.p50
+    );
+    println!("| paused host side p50 | {:.3} ms |", paused.host.p50);
+}
+
+fn stage_means(p: &PathSummary) -> serde_json::Map<String, serde_json::Value> {
+    p.stages
+        .iter()
+        .map(|(s, v)| (s.name().to_string(), json!(v.mean)))
+        .collect()
 }

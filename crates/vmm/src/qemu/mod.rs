@@ -8,6 +8,7 @@
 
 pub mod changed_pages;
 pub mod cmdline;
+mod hashing_writer;
 pub mod process;
 pub mod qmp;
 pub mod ram_frame;
@@ -443,6 +444,7 @@ impl QemuInstance {
             write,
             sync,
             total: t0.elapsed(),
+            sha256: None,
         })
     }
 }

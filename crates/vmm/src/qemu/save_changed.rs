@@ -6,12 +6,13 @@
 //! pages (tens to hundreds of MiB, then fsync) runs on a blocking thread.
 
 use std::fs::{File, OpenOptions};
-use std::io::{BufWriter, Write};
+use std::io::BufWriter;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::changed_pages::RamMapping;
 use super::cmdline::MEMORY_BACKEND_ID;
+use super::hashing_writer::HashingWriter;
 use super::ram_frame::{RamFrame, PAGE_SIZE};
 use super::QemuInstance;
 use crate::{SaveInfo, VmmError};
@@ -59,7 +60,7 @@ impl QemuInstance {
         let written = tokio::task::spawn_blocking(move || job.run())
             .await
             .map_err(|e| self.invalid("save_changed_pages", format!("writer thread: {e}")))?;
-        let (write, sync) = written.map_err(|(op, path, source)| VmmError::Io {
+        let (write, sync, sha256) = written.map_err(|(op, path, source)| VmmError::Io {
             id,
             op,
             path,
@@ -73,6 +74,7 @@ impl QemuInstance {
             write,
             sync,
             total: t0.elapsed(),
+            sha256: Some(sha256),
         })
     }
 
@@ -115,7 +117,8 @@ struct WriteJob {
 }
 
 impl WriteJob {
-    fn run(self) -> Result<(Duration, Duration), JobError> {
+    /// Returns the write and fsync times and the file's SHA-256.
+    fn run(self) -> Result<(Duration, Duration, String), JobError> {
         let t_write = Instant::now();
         let proc_err = |op| {
             let path = PathBuf::from(format!("/proc/{}", self.pid));
@@ -139,7 +142,7 @@ impl WriteJob {
             .map_err(state_err("create state file"))?;
         let mut out = self
             .frame
-            .begin(BufWriter::with_capacity(1 << 20, &file))
+            .begin(BufWriter::with_capacity(1 << 20, HashingWriter::new(&file)))
             .map_err(state_err("write state file"))?;
         let mut buf = vec![0u8; PAGES_PER_READ as usize * PAGE_SIZE];
         for run in &runs {
@@ -159,19 +162,23 @@ impl WriteJob {
                 done += n;
             }
         }
-        let mut w = out
+        let w = out
             .finish(&self.devices)
             .map_err(state_err("write state file"))?;
-        w.flush().map_err(state_err("write state file"))?;
-        drop(w);
+        let hashing = w
+            .into_inner()
+            .map_err(|e| e.into_error())
+            .map_err(state_err("write state file"))?;
         let write = t_write.elapsed();
         let t_sync = Instant::now();
+        // The hashing thread drains its queue while the file syncs.
         file.sync_all().map_err(state_err("fsync state file"))?;
+        let (sha256, _) = hashing.finish().map_err(state_err("hash state file"))?;
         if let Some(dir) = self.state.parent().filter(|d| !d.as_os_str().is_empty()) {
             File::open(dir)
                 .and_then(|f| f.sync_all())
                 .map_err(|e| ("fsync directory of state file", dir.to_path_buf(), e))?;
         }
-        Ok((write, t_sync.elapsed()))
+        Ok((write, t_sync.elapsed(), sha256))
     }
 }

@@ -1,0 +1,170 @@
+//! `siesta bench fork --n N`: time until all N children of one running
+//! sandbox are ready, against one child (the same capture and resume path)
+//! and a resume from the template, side by side in one run.
+//!
+//! Each sample creates a source from the template and writes a marker file,
+//! forks it once with one child and once with N, checks that every child
+//! sees the marker, and kills them all.
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use serde_json::json;
+use siesta_sandbox::{CreateRequest, SandboxManager};
+
+use super::session::Session;
+use crate::stats::summarize;
+
+#[derive(clap::Args)]
+pub struct ForkArgs {
+    /// Children per fork.
+    #[arg(long, default_value_t = 8)]
+    n: u32,
+    /// Sources, each forked once with one child and once with N.
+    #[arg(long, default_value_t = 3)]
+    samples: usize,
+    #[arg(long, default_value = "base")]
+    template: String,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Default)]
+struct Measured {
+    fork_ms: Vec<f64>,
+    single_resume_ms: Vec<f64>,
+    template_resume_ms: Vec<f64>,
+}
+
+pub async fn run(args: ForkArgs) -> anyhow::Result<ExitCode> {
+    if args.samples == 0 || args.n == 0 {
+        bail!("give at least one sample and --n of 1 or more");
+    }
+    let session = Session::start().await?;
+    let outcome = measure_all(&session.manager, &args).await;
+    session.close().await;
+    report(&args, &outcome?);
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn measure_all(manager: &SandboxManager, args: &ForkArgs) -> anyhow::Result<Measured> {
+    manager.warm(&args.template)?;
+    let mut m = Measured::default();
+    for i in 0..args.samples {
+        manager
+            .wait_pool_ready(&args.template, Duration::from_secs(120))
+            .await?;
+        let source = manager
+            .create(CreateRequest {
+                template: args.template.clone(),
+                ..Default::default()
+            })
+            .await?;
+        m.template_resume_ms
+            .push(source.timings.as_ref().map_or(0.0, |t| t.total_ms));
+        let marker = format!("sample-{i}-{}", source.id);
+        let result = async {
+            exec(manager, &source.id, &format!("echo {marker} > /tmp/marker")).await?;
+            m.single_resume_ms
+                .push(fork_and_check(manager, &source.id, 1, &marker).await?);
+            m.fork_ms
+                .push(fork_and_check(manager, &source.id, args.n, &marker).await?);
+            anyhow::Ok(())
+        }
+        .await;
+        manager.kill(&source.id).await?;
+        result.with_context(|| format!("sample {} of {}", i + 1, args.samples))?;
+    }
+    Ok(m)
+}
+
+/// Forks `n` children of `source`, returns the milliseconds until all were
+/// ready, after checking each holds `marker` (and killing them).
+async fn fork_and_check(
+    manager: &SandboxManager,
+    source: &str,
+    n: u32,
+    marker: &str,
+) -> anyhow::Result<f64> {
+    let t0 = Instant::now();
+    let children = manager.fork(source, n, None).await?;
+    let ms = t0.elapsed().as_secs_f64() * 1e3;
+    let mut ids = Vec::new();
+    let mut first_error = None;
+    for child in children {
+        match child {
+            Ok(info) => ids.push(info.id),
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    let mut checked = Ok(());
+    for id in &ids {
+        if checked.is_ok() {
+            checked = match exec(manager, id, "cat /tmp/marker").await {
+                Ok(got) if got.trim() == marker => Ok(()),
+                Ok(got) => Err(anyhow::anyhow!(
+                    "child {id} has marker {got:?}, not {marker:?}"
+                )),
+                Err(e) => Err(e),
+            };
+        }
+        manager.kill(id).await?;
+    }
+    if let Some(e) = first_error {
+        bail!("a child of {source} failed: {e}");
+    }
+    checked?;
+    Ok(ms)
+}
+
+async fn exec(manager: &SandboxManager, id: &str, cmd: &str) -> anyhow::Result<String> {
+    let out = manager.exec(id, cmd, Some("root"), |_, _| {}).await?;
+    if out.exit_code != 0 {
+        bail!("`{cmd}` in {id} exited {}", out.exit_code);
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn report(args: &ForkArgs, m: &Measured) {
+    let fork = summarize(&m.fork_ms);
+    let single = summarize(&m.single_resume_ms);
+    let template = summarize(&m.template_resume_ms);
+    if args.json {
+        let out = json!({
+            "n": args.n,
+            "samples": fork.n,
+            "fork_ms": fork.p50,
+            "single_resume_ms": single.p50,
+            "template_resume_ms": template.p50,
+            "fork_over_single": fork.p50 / single.p50,
+        });
+        println!("{out}");
+        return;
+    }
+    println!(
+        "siesta bench fork: template {}, {} children, {} samples (p50; capture included in both forks)\n",
+        args.template, args.n, fork.n
+    );
+    println!("| Measure | p50 | Min | Max |");
+    println!("| --- | ---: | ---: | ---: |");
+    for (name, s) in [
+        (format!("fork of {} until all ready", args.n), fork),
+        ("fork of 1 (one capture + one resume)".into(), single),
+        ("resume from the template".into(), template),
+    ] {
+        println!(
+            "| {name} | {:.1} ms | {:.1} ms | {:.1} ms |",
+            s.p50, s.min, s.max
+        );
+    }
+    println!(
+        "\nfork of {} / fork of 1: {:.2}; per child: {:.1} ms",
+        args.n,
+        fork.p50 / single.p50,
+        fork.p50 / f64::from(args.n)
+    );
+}
