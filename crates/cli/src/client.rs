@@ -15,7 +15,11 @@ pub enum SandboxCommand {
         template: String,
     },
     /// List sandboxes.
-    List,
+    List {
+        /// Print the server's JSON array instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Run a command in a sandbox, streaming its output; exits with its code.
     Exec {
         id: String,
@@ -29,6 +33,14 @@ pub enum SandboxCommand {
     Pause { id: String },
     /// Resume a paused sandbox.
     Resume { id: String },
+    /// Snapshot a running sandbox (it runs on); prints the snapshot's id,
+    /// which `sandbox create --template ID` starts new sandboxes from.
+    Snapshot {
+        id: String,
+        /// A name to find the snapshot by, instead of its id.
+        #[arg(long)]
+        name: Option<String>,
+    },
     /// Copy a running sandbox into N new ones (it runs on); prints each
     /// child's id, or its error.
     Fork {
@@ -107,7 +119,7 @@ pub async fn run(cmd: SandboxCommand) -> anyhow::Result<ExitCode> {
             let (_, v) = api.call(Method::POST, "/v2/sandboxes", Some(body)).await?;
             println!("{}", v["sandboxID"].as_str().unwrap_or_default());
         }
-        SandboxCommand::List => {
+        SandboxCommand::List { json } => {
             let (_, v) = api
                 .call(
                     Method::GET,
@@ -115,6 +127,10 @@ pub async fn run(cmd: SandboxCommand) -> anyhow::Result<ExitCode> {
                     None,
                 )
                 .await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&v)?);
+                return Ok(ExitCode::SUCCESS);
+            }
             println!("{:<22} {:<12} {:<8} STARTED", "ID", "TEMPLATE", "STATE");
             for s in v.as_array().into_iter().flatten() {
                 println!(
@@ -152,6 +168,16 @@ pub async fn run(cmd: SandboxCommand) -> anyhow::Result<ExitCode> {
                     "was running"
                 }
             );
+        }
+        SandboxCommand::Snapshot { id, name } => {
+            let (_, v) = api
+                .call(
+                    Method::POST,
+                    &format!("/sandboxes/{id}/snapshots"),
+                    Some(json!({ "name": name })),
+                )
+                .await?;
+            println!("{}", v["snapshotID"].as_str().unwrap_or_default());
         }
         SandboxCommand::Fork { id, count } => return fork(&api, &id, count).await,
         SandboxCommand::Kill { id } => {

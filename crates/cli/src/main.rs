@@ -44,10 +44,21 @@ enum Command {
     /// Measure resume latency and the guest agent.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Print a shell completion script (`siesta completions bash >
+    /// /etc/bash_completion.d/siesta`).
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
 }
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    if let Command::Completions { shell } = cli.command {
+        use clap::CommandFactory;
+        clap_complete::generate(shell, &mut Cli::command(), "siesta", &mut std::io::stdout());
+        return std::process::ExitCode::SUCCESS;
+    }
     // doctor's report is the output: its progress logs only get in the way.
     let default_level = match cli.command {
         Command::Doctor(_) => "warn",
@@ -78,6 +89,7 @@ fn main() -> std::process::ExitCode {
             Command::Snapshot(cmd) => snapshot::run(cmd).await,
             Command::Repo(cmd) => repo::run(cmd).await,
             Command::Doctor(args) => doctor::run(args),
+            Command::Completions { .. } => Ok(std::process::ExitCode::SUCCESS),
         }
     });
     match result {

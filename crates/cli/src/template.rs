@@ -68,7 +68,11 @@ pub enum TemplateCommand {
         output: String,
     },
     /// List templates.
-    List,
+    List {
+        /// Print one JSON array of the template records instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Delete a template (its running sandboxes keep running).
     Delete { name: String },
 }
@@ -153,7 +157,7 @@ pub async fn run(cmd: TemplateCommand) -> anyhow::Result<ExitCode> {
             }
             print_built(&t);
         }
-        TemplateCommand::List => list(&config)?,
+        TemplateCommand::List { json } => list(&config, json)?,
         TemplateCommand::Delete { name } => {
             if !template::delete(&config.layout(), &name)? {
                 anyhow::bail!("template {name:?} not found (`siesta template list`)");
@@ -387,12 +391,18 @@ fn print_built(t: &template::Template) {
     );
 }
 
-fn list(config: &NodeConfig) -> anyhow::Result<()> {
+fn list(config: &NodeConfig, json: bool) -> anyhow::Result<()> {
+    let templates = template::list(&config.layout())?;
+    if json {
+        let records: Vec<_> = templates.iter().map(|t| &t.record).collect();
+        println!("{}", serde_json::to_string_pretty(&records)?);
+        return Ok(());
+    }
     println!(
         "{:<16} {:<8} {:>6} {:>8} {:>10}  CREATED",
         "NAME", "IMAGE", "VCPUS", "MEM_MIB", "ACCEL"
     );
-    for t in template::list(&config.layout())? {
+    for t in &templates {
         let r = &t.record;
         println!(
             "{:<16} {:<8} {:>6} {:>8} {:>10}  {}",

@@ -108,23 +108,6 @@ impl TemplateRecord {
         }
         Ok(())
     }
-
-    /// Checks every file's SHA-256 (slow for memory and disk; `template
-    /// verify` and the first use after start-up run it).
-    pub fn verify_digests(&self, dir: &Path) -> Result<()> {
-        self.verify_sizes(dir)?;
-        for f in [&self.memory, &self.state, &self.disk] {
-            let path = dir.join(&f.name);
-            let actual = file_record(&path)?.sha256;
-            if actual != f.sha256 {
-                return Err(Error::CorruptSnapshot {
-                    path,
-                    detail: format!("SHA-256 {actual} but the record says {}", f.sha256),
-                });
-            }
-        }
-        Ok(())
-    }
 }
 
 /// A snapshot file whose size is not the recorded one is corrupt.

@@ -1,0 +1,52 @@
+"""`siesta sandbox ...` against the live server: the CLI goes through the
+API as a user's shell would (SIESTA_URL, SIESTA_API_KEY)."""
+
+import json
+import os
+import subprocess
+
+from conftest import BINARY
+
+
+def cli(siesta, *args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, SIESTA_URL=siesta.url, SIESTA_API_KEY=siesta.api_key())
+    return subprocess.run(
+        [str(BINARY), "sandbox", *args], env=env, capture_output=True, text=True, timeout=300
+    )
+
+
+def ok(siesta, *args: str) -> str:
+    out = cli(siesta, *args)
+    assert out.returncode == 0, f"siesta sandbox {' '.join(args)}: {out.stderr}"
+    return out.stdout
+
+
+def test_create_snapshot_fork_list_kill(siesta):
+    source = ok(siesta, "create", "--template", "base").strip()
+    made = [source]
+    try:
+        ok(siesta, "exec", source, "--", "echo from-cli > /tmp/mark")
+        snap = ok(siesta, "snapshot", source).strip()
+        assert snap
+        from_snap = ok(siesta, "create", "--template", snap).strip()
+        made.append(from_snap)
+        assert ok(siesta, "exec", from_snap, "--", "cat /tmp/mark") == "from-cli\n"
+        children = ok(siesta, "fork", source, "--count", "2").split()
+        made += children
+        assert len(set(children)) == 2 and source not in children
+        for child in children:
+            assert ok(siesta, "exec", child, "--", "cat /tmp/mark") == "from-cli\n"
+        listed = {s["sandboxID"]: s["state"] for s in json.loads(ok(siesta, "list", "--json"))}
+        for sid in made:
+            assert listed.get(sid) == "running", (sid, listed)
+    finally:
+        for sid in made:
+            cli(siesta, "kill", sid)
+    # E2B deletes a snapshot as a template.
+    assert siesta.api("DELETE", f"/templates/{snap}").status_code < 300
+
+
+def test_fork_of_a_missing_sandbox_says_so(siesta):
+    out = cli(siesta, "fork", "nosuchsandbox", "--count", "2")
+    assert out.returncode != 0
+    assert "404" in out.stderr or "not found" in out.stderr.lower(), out.stderr
