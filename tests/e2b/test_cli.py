@@ -1,5 +1,6 @@
 """`siesta sandbox ...` against the live server: the CLI goes through the
-API as a user's shell would (SIESTA_URL, SIESTA_API_KEY)."""
+API and, for exec, the front door, as a user's shell would (SIESTA_URL,
+SIESTA_API_KEY)."""
 
 import json
 import os
@@ -25,17 +26,19 @@ def test_create_snapshot_fork_list_kill(siesta):
     source = ok(siesta, "create", "--template", "base").strip()
     made = [source]
     try:
-        ok(siesta, "exec", source, "--", "echo from-cli > /tmp/mark")
+        ok(siesta, "exec", "--shell", source, "--", "echo from-cli > /tmp/mark")
+        # Without --shell the words are the program's argv, not re-joined.
+        assert ok(siesta, "exec", source, "--", "printf", "%s|", "a b", "c") == "a b|c|"
         snap = ok(siesta, "snapshot", source).strip()
         assert snap
         from_snap = ok(siesta, "create", "--template", snap).strip()
         made.append(from_snap)
-        assert ok(siesta, "exec", from_snap, "--", "cat /tmp/mark") == "from-cli\n"
+        assert ok(siesta, "exec", from_snap, "--", "cat", "/tmp/mark") == "from-cli\n"
         children = ok(siesta, "fork", source, "--count", "2").split()
         made += children
         assert len(set(children)) == 2 and source not in children
         for child in children:
-            assert ok(siesta, "exec", child, "--", "cat /tmp/mark") == "from-cli\n"
+            assert ok(siesta, "exec", child, "--", "cat", "/tmp/mark") == "from-cli\n"
         listed = {s["sandboxID"]: s["state"] for s in json.loads(ok(siesta, "list", "--json"))}
         for sid in made:
             assert listed.get(sid) == "running", (sid, listed)
@@ -44,6 +47,19 @@ def test_create_snapshot_fork_list_kill(siesta):
             cli(siesta, "kill", sid)
     # E2B deletes a snapshot as a template.
     assert siesta.api("DELETE", f"/templates/{snap}").status_code < 300
+
+
+def test_exec_exit_code_and_stderr(siesta):
+    box = ok(siesta, "create").strip()
+    try:
+        out = cli(siesta, "exec", "--shell", box, "--", "echo oops >&2; exit 7")
+        assert out.returncode == 7
+        assert out.stderr == "oops\n"
+        out = cli(siesta, "exec", box, "--", "/no/such/program")
+        assert out.returncode != 0
+        assert "no/such/program" in out.stderr, out.stderr
+    finally:
+        cli(siesta, "kill", box)
 
 
 def test_fork_of_a_missing_sandbox_says_so(siesta):

@@ -26,6 +26,10 @@ pub enum SandboxCommand {
         /// Run as this user (default: the sandbox's default user).
         #[arg(long)]
         user: Option<String>,
+        /// Run the words as one `bash -l -c` command line (pipes,
+        /// redirections) instead of as a program and its arguments.
+        #[arg(long)]
+        shell: bool,
         #[arg(trailing_var_arg = true, required = true)]
         command: Vec<String>,
     },
@@ -142,7 +146,12 @@ pub async fn run(cmd: SandboxCommand) -> anyhow::Result<ExitCode> {
                 );
             }
         }
-        SandboxCommand::Exec { id, user, command } => return exec(&api, &id, user, &command).await,
+        SandboxCommand::Exec {
+            id,
+            user,
+            shell,
+            command,
+        } => return exec(&api, &id, user, shell, &command).await,
         SandboxCommand::Pause { id } => {
             api.call(
                 Method::POST,
@@ -214,10 +223,13 @@ async fn fork(api: &Api, id: &str, count: u32) -> anyhow::Result<ExitCode> {
     })
 }
 
+/// Runs `command` in sandbox `id` through the server's front door (so it
+/// works wherever the API does), streaming its output.
 async fn exec(
     api: &Api,
     id: &str,
     user: Option<String>,
+    shell: bool,
     command: &[String],
 ) -> anyhow::Result<ExitCode> {
     let (_, v) = api
@@ -226,22 +238,26 @@ async fn exec(
     if v["state"] != "running" {
         bail!("sandbox {id} is {}; resume it first", v["state"]);
     }
-    let addr = v["agentAddress"]
-        .as_str()
-        .context("the server did not say where the sandbox's agent is")?
-        .parse()
-        .context("bad agent address from the server")?;
     let token = v["envdAccessToken"].as_str().map(str::to_string);
-    let client = EnvdClient::new(id, addr, token);
-    let out = client
-        .exec(&command.join(" "), user.as_deref(), |is_stdout, bytes| {
-            if is_stdout {
-                let _ = std::io::stdout().write_all(bytes);
-                let _ = std::io::stdout().flush();
-            } else {
-                let _ = std::io::stderr().write_all(bytes);
-            }
-        })
-        .await?;
+    let client = EnvdClient::through_front_door(id, &api.base, token)?;
+    let on_output = |is_stdout: bool, bytes: &[u8]| {
+        if is_stdout {
+            let _ = std::io::stdout().write_all(bytes);
+            let _ = std::io::stdout().flush();
+        } else {
+            let _ = std::io::stderr().write_all(bytes);
+        }
+    };
+    let out = if shell {
+        client
+            .exec(&command.join(" "), user.as_deref(), on_output)
+            .await?
+    } else {
+        let (program, args) = command.split_first().context("no command given")?;
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        client
+            .run(program, &args, user.as_deref(), on_output)
+            .await?
+    };
     Ok(ExitCode::from(out.exit_code.clamp(0, 255) as u8))
 }
