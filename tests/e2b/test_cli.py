@@ -62,6 +62,41 @@ def test_exec_exit_code_and_stderr(siesta):
         cli(siesta, "kill", box)
 
 
+def files(siesta, *args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, SIESTA_URL=siesta.url, SIESTA_API_KEY=siesta.api_key())
+    return subprocess.run(
+        [str(BINARY), "files", *args], env=env, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_files_cp_both_ways_and_ls(siesta, tmp_path):
+    box = ok(siesta, "create").strip()
+    try:
+        local = tmp_path / "in.bin"
+        local.write_bytes(bytes(range(256)) * 1000)
+        out = files(siesta, "cp", str(local), f"{box}:/home/user/data/in.bin")
+        assert out.returncode == 0, out.stderr
+        assert ok(siesta, "exec", box, "--", "stat", "-c", "%s %U", "/home/user/data/in.bin") == (
+            "256000 user\n"
+        )
+        back = tmp_path / "back.bin"
+        out = files(siesta, "cp", f"{box}:/home/user/data/in.bin", str(back))
+        assert out.returncode == 0, out.stderr
+        assert back.read_bytes() == local.read_bytes()
+        out = files(siesta, "ls", box, "/home/user/data", "--json")
+        assert out.returncode == 0, out.stderr
+        assert [e["name"] for e in json.loads(out.stdout)] == ["in.bin"]
+        out = files(siesta, "ls", box, "/home/user/data")
+        assert "in.bin" in out.stdout and "256000" in out.stdout, out.stdout
+        out = files(siesta, "cp", f"{box}:/no/such/file", str(tmp_path / "x"))
+        assert out.returncode != 0 and "404" in out.stderr, out.stderr
+        assert not (tmp_path / "x").exists()
+        out = files(siesta, "cp", str(local), str(back))
+        assert out.returncode != 0 and "ID:PATH" in out.stderr
+    finally:
+        cli(siesta, "kill", box)
+
+
 def test_fork_of_a_missing_sandbox_says_so(siesta):
     out = cli(siesta, "fork", "nosuchsandbox", "--count", "2")
     assert out.returncode != 0

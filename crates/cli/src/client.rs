@@ -56,14 +56,14 @@ pub enum SandboxCommand {
     Kill { id: String },
 }
 
-struct Api {
-    base: String,
+pub(crate) struct Api {
+    pub(crate) base: String,
     key: String,
     http: reqwest::Client,
 }
 
 impl Api {
-    fn from_env() -> anyhow::Result<Self> {
+    pub(crate) fn from_env() -> anyhow::Result<Self> {
         let base = std::env::var("SIESTA_URL").unwrap_or_else(|_| "http://127.0.0.1:3000".into());
         let key = match std::env::var("SIESTA_API_KEY") {
             Ok(k) => k,
@@ -81,7 +81,7 @@ impl Api {
         Ok(Self { base, key, http })
     }
 
-    async fn call(
+    pub(crate) async fn call(
         &self,
         method: reqwest::Method,
         path: &str,
@@ -223,6 +223,19 @@ async fn fork(api: &Api, id: &str, count: u32) -> anyhow::Result<ExitCode> {
     })
 }
 
+/// A client for running sandbox `id`'s agent through the server's front
+/// door, with the sandbox's access token.
+pub(crate) async fn agent_of(api: &Api, id: &str) -> anyhow::Result<EnvdClient> {
+    let (_, v) = api
+        .call(reqwest::Method::GET, &format!("/sandboxes/{id}"), None)
+        .await?;
+    if v["state"] != "running" {
+        bail!("sandbox {id} is {}; resume it first", v["state"]);
+    }
+    let token = v["envdAccessToken"].as_str().map(str::to_string);
+    Ok(EnvdClient::through_front_door(id, &api.base, token)?)
+}
+
 /// Runs `command` in sandbox `id` through the server's front door (so it
 /// works wherever the API does), streaming its output.
 async fn exec(
@@ -232,14 +245,7 @@ async fn exec(
     shell: bool,
     command: &[String],
 ) -> anyhow::Result<ExitCode> {
-    let (_, v) = api
-        .call(reqwest::Method::GET, &format!("/sandboxes/{id}"), None)
-        .await?;
-    if v["state"] != "running" {
-        bail!("sandbox {id} is {}; resume it first", v["state"]);
-    }
-    let token = v["envdAccessToken"].as_str().map(str::to_string);
-    let client = EnvdClient::through_front_door(id, &api.base, token)?;
+    let client = agent_of(api, id).await?;
     let on_output = |is_stdout: bool, bytes: &[u8]| {
         if is_stdout {
             let _ = std::io::stdout().write_all(bytes);

@@ -7,6 +7,7 @@ mod bench;
 mod build_context;
 mod client;
 mod doctor;
+mod files;
 mod repo;
 mod serve;
 mod snapshot;
@@ -32,6 +33,10 @@ enum Command {
     /// Create, inspect, pause, resume and kill sandboxes (through the server).
     #[command(subcommand)]
     Sandbox(client::SandboxCommand),
+    /// Copy files into and out of a running sandbox, list its directories
+    /// (through the server).
+    #[command(subcommand)]
+    Files(files::FilesCommand),
     /// List and delete snapshots in this node's repository.
     #[command(subcommand)]
     Snapshot(snapshot::SnapshotCommand),
@@ -87,6 +92,7 @@ fn main() -> std::process::ExitCode {
             Command::Sandbox(cmd) => client::run(cmd).await,
             Command::Bench(cmd) => bench::run(cmd).await,
             Command::Snapshot(cmd) => snapshot::run(cmd).await,
+            Command::Files(cmd) => files::run(cmd).await,
             Command::Repo(cmd) => repo::run(cmd).await,
             Command::Doctor(args) => doctor::run(args),
             Command::Completions { .. } => Ok(std::process::ExitCode::SUCCESS),

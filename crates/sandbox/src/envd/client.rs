@@ -333,6 +333,67 @@ impl EnvdClient {
         Ok(())
     }
 
+    /// Reads `path` in the guest as `user` (`GET /files`).
+    pub async fn download(&self, path: &str, user: &str) -> Result<Vec<u8>> {
+        let mut req = self
+            .http
+            .get(format!("{}/files", self.base))
+            .query(&[("path", path), ("username", user)])
+            .timeout(Duration::from_secs(600));
+        if let Some(t) = &self.token {
+            req = req.header("X-Access-Token", t);
+        }
+        let resp = req
+            .send()
+            .await
+            .map_err(|e| self.agent_err(format!("download of {path}: {e}")))?;
+        let status = resp.status();
+        let body = resp
+            .bytes()
+            .await
+            .map_err(|e| self.agent_err(format!("download of {path}: {e}")))?;
+        if !status.is_success() {
+            let text = String::from_utf8_lossy(&body);
+            return Err(self.agent_err(format!("download of {path} answered {status}: {text}")));
+        }
+        Ok(body.to_vec())
+    }
+
+    /// The entries of directory `path` in the guest as `user`
+    /// (`filesystem.Filesystem/ListDir`, Connect unary JSON): envd's
+    /// `EntryInfo` objects as JSON.
+    pub async fn list_dir(&self, path: &str, user: &str) -> Result<Vec<serde_json::Value>> {
+        let basic = base64::engine::general_purpose::STANDARD.encode(format!("{user}:"));
+        let mut req = self
+            .http
+            .post(format!("{}/filesystem.Filesystem/ListDir", self.base))
+            .header("content-type", "application/json")
+            .header("connect-protocol-version", "1")
+            .header("Authorization", format!("Basic {basic}"))
+            .json(&serde_json::json!({ "path": path, "depth": 1 }));
+        if let Some(t) = &self.token {
+            req = req.header("X-Access-Token", t);
+        }
+        let resp = req
+            .send()
+            .await
+            .map_err(|e| self.agent_err(format!("ListDir {path}: {e}")))?;
+        let status = resp.status();
+        let body: serde_json::Value = resp
+            .json()
+            .await
+            .map_err(|e| self.agent_err(format!("ListDir {path}: {e}")))?;
+        if !status.is_success() {
+            let msg = body.get("message").and_then(|m| m.as_str()).unwrap_or("");
+            return Err(self.agent_err(format!("ListDir {path} answered {status}: {msg}")));
+        }
+        Ok(body
+            .get("entries")
+            .and_then(|e| e.as_array())
+            .cloned()
+            .unwrap_or_default())
+    }
+
     fn finish_stream(&self, end: &[u8], ended: bool, out: ExecOutput) -> Result<ExecOutput> {
         let end: serde_json::Value = serde_json::from_slice(end).unwrap_or_default();
         if let Some(err) = end.get("error") {
