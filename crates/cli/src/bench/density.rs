@@ -14,9 +14,9 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use serde_json::json;
 use siesta_sandbox::template::Template;
-use siesta_sandbox::{CreateRequest, SandboxManager};
+use siesta_sandbox::SandboxManager;
 
-use super::session::Session;
+use super::session::{create_pooled, Session};
 
 #[derive(clap::Args)]
 pub struct DensityArgs {
@@ -69,14 +69,7 @@ async fn measure(
         .ino();
     let mut guest_mib = 0;
     for i in 0..args.n {
-        manager
-            .wait_pool_ready(&args.template, Duration::from_secs(120))
-            .await?;
-        let info = manager
-            .create(CreateRequest {
-                template: args.template.clone(),
-                ..Default::default()
-            })
+        let info = create_pooled(manager, &args.template)
             .await
             .with_context(|| format!("sandbox {} of {}", i + 1, args.n))?;
         guest_mib = u64::from(info.memory_mb);

@@ -7,13 +7,13 @@
 //! sees the marker, and kills them all.
 
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{bail, Context};
 use serde_json::json;
-use siesta_sandbox::{CreateRequest, SandboxManager};
+use siesta_sandbox::SandboxManager;
 
-use super::session::Session;
+use super::session::{create_pooled, Session};
 use crate::stats::summarize;
 
 #[derive(clap::Args)]
@@ -53,15 +53,7 @@ async fn measure_all(manager: &SandboxManager, args: &ForkArgs) -> anyhow::Resul
     manager.warm(&args.template)?;
     let mut m = Measured::default();
     for i in 0..args.samples {
-        manager
-            .wait_pool_ready(&args.template, Duration::from_secs(120))
-            .await?;
-        let source = manager
-            .create(CreateRequest {
-                template: args.template.clone(),
-                ..Default::default()
-            })
-            .await?;
+        let source = create_pooled(manager, &args.template).await?;
         m.template_resume_ms
             .push(source.timings.as_ref().map_or(0.0, |t| t.total_ms));
         let marker = format!("sample-{i}-{}", source.id);

@@ -9,14 +9,14 @@
 //! resumed, their data checked against its checksum, and killed.
 
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{bail, Context};
 use serde_json::json;
 use siesta_sandbox::memory_save::SaveMemory;
-use siesta_sandbox::{CreateRequest, SandboxManager};
+use siesta_sandbox::SandboxManager;
 
-use super::session::Session;
+use super::session::{create_pooled, Session};
 use crate::stats::summarize;
 
 #[derive(clap::Args)]
@@ -90,15 +90,7 @@ async fn measure(
     dirty: u64,
     how: SaveMemory,
 ) -> anyhow::Result<Measured> {
-    manager
-        .wait_pool_ready(template, Duration::from_secs(120))
-        .await?;
-    let info = manager
-        .create(CreateRequest {
-            template: template.to_string(),
-            ..Default::default()
-        })
-        .await?;
+    let info = create_pooled(manager, template).await?;
     let id = info.id.clone();
     let result = async {
         let write = format!(

@@ -4,14 +4,14 @@
 
 use std::collections::BTreeMap;
 use std::process::ExitCode;
-use std::time::Duration;
 
 use anyhow::Context;
 use serde_json::json;
 use siesta_sandbox::stages::{Stage, StageTimings};
 use siesta_sandbox::template::{self, Template};
-use siesta_sandbox::{CreateRequest, Node, NodeConfig, SandboxManager};
+use siesta_sandbox::{Node, NodeConfig, SandboxManager};
 
+use super::session::create_pooled;
 use crate::stats::{summarize, Summary};
 
 #[derive(clap::Args)]
@@ -85,17 +85,7 @@ async fn measure(
         cold_boot_ms,
     };
     for i in 0..args.samples {
-        // Every sample takes a pre-spawned VMM, as in the seed's warm-pool runs.
-        manager
-            .wait_pool_ready(&args.template, Duration::from_secs(120))
-            .await?;
-        let info = manager
-            .create(CreateRequest {
-                template: args.template.clone(),
-                // The API's default: internet allowed, as a pooled slot starts.
-                egress: Default::default(),
-                ..Default::default()
-            })
+        let info = create_pooled(manager, &args.template)
             .await
             .with_context(|| format!("resume {} of {}", i + 1, args.samples))?;
         out.from_template

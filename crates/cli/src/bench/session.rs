@@ -2,8 +2,10 @@
 //! network tag (never the server's slots), rows that die with it.
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use siesta_sandbox::{Node, NodeConfig, SandboxManager};
+use siesta_sandbox::sandbox::SandboxInfo;
+use siesta_sandbox::{CreateRequest, Node, NodeConfig, SandboxManager};
 
 pub struct Session {
     pub node: Arc<Node>,
@@ -24,4 +26,21 @@ impl Session {
         self.manager.shutdown().await;
         self.node.shutdown().await;
     }
+}
+
+/// A new sandbox of `template` with the API's defaults, resumed from a
+/// pre-spawned VMM as in the seed's warm-pool runs: waits for the pool to
+/// have one ready first.
+pub async fn create_pooled(
+    manager: &SandboxManager,
+    template: &str,
+) -> anyhow::Result<SandboxInfo> {
+    manager
+        .wait_pool_ready(template, Duration::from_secs(120))
+        .await?;
+    let request = CreateRequest {
+        template: template.to_string(),
+        ..Default::default()
+    };
+    Ok(manager.create(request).await?)
 }
