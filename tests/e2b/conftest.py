@@ -4,8 +4,8 @@ One server per session, on a free loopback port, with its own SIESTA_HOME
 (a temporary directory: `assets` symlinked to the real assets, the `base`
 template linked in from the real home's repository when it has one, else
 built there once),
-its own network tag and subnet. E2B_API_URL, E2B_SANDBOX_URL and
-E2B_API_KEY point the SDK at it. At the end the server is stopped by pid
+its own network tag and subnet. E2B_API_URL, E2B_SANDBOX_URL,
+E2B_VOLUME_API_URL and E2B_API_KEY point the SDK at it. At the end the server is stopped by pid
 (SIGTERM, then SIGKILL), even when tests fail, and no network namespace of
 its tag may remain.
 
@@ -103,6 +103,7 @@ def siesta(tmp_path_factory):
         os.environ.pop("E2B_DEBUG", None)
         os.environ["E2B_API_URL"] = server.url
         os.environ["E2B_SANDBOX_URL"] = server.url
+        os.environ["E2B_VOLUME_API_URL"] = server.url
         os.environ["E2B_API_KEY"] = server.api_key()
         yield server
     finally:

@@ -81,6 +81,11 @@ impl Api {
         Ok(Self { base, key, http })
     }
 
+    /// The HTTP client, for calls that are not JSON (volume content).
+    pub(crate) fn http(&self) -> &reqwest::Client {
+        &self.http
+    }
+
     pub(crate) async fn call(
         &self,
         method: reqwest::Method,

@@ -30,9 +30,9 @@ pub enum FilesCommand {
     },
 }
 
-/// `ID:PATH` split in two, if `arg` is one (a local path with a colon
-/// must start with `./` or `/`).
-fn remote(arg: &str) -> Option<(&str, &str)> {
+/// `ID:PATH` (a sandbox's or a volume's) split in two, if `arg` is one (a
+/// local path with a colon must start with `./` or `/`).
+pub(crate) fn remote(arg: &str) -> Option<(&str, &str)> {
     if arg.starts_with('/') || arg.starts_with('.') {
         return None;
     }

@@ -13,6 +13,7 @@ mod serve;
 mod snapshot;
 mod stats;
 mod template;
+mod volume;
 
 use clap::{Parser, Subcommand};
 
@@ -37,6 +38,10 @@ enum Command {
     /// (through the server).
     #[command(subcommand)]
     Files(files::FilesCommand),
+    /// Create, list and delete volumes; copy files into and out of them
+    /// (through the server).
+    #[command(subcommand)]
+    Volume(volume::VolumeCommand),
     /// List and delete snapshots in this node's repository.
     #[command(subcommand)]
     Snapshot(snapshot::SnapshotCommand),
@@ -93,6 +98,7 @@ fn main() -> std::process::ExitCode {
             Command::Bench(cmd) => bench::run(cmd).await,
             Command::Snapshot(cmd) => snapshot::run(cmd).await,
             Command::Files(cmd) => files::run(cmd).await,
+            Command::Volume(cmd) => volume::run(cmd).await,
             Command::Repo(cmd) => repo::run(cmd).await,
             Command::Doctor(args) => doctor::run(args),
             Command::Completions { .. } => Ok(std::process::ExitCode::SUCCESS),

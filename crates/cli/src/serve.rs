@@ -19,6 +19,9 @@ pub struct ServeArgs {
     /// `.localhost` resolve to this machine, see docs/configuration.md).
     #[arg(long, env = "SIESTA_SANDBOX_DOMAIN")]
     sandbox_domain: Option<String>,
+    /// Size limit of a volume created without one, in MiB.
+    #[arg(long, env = "SIESTA_VOLUME_SIZE_MIB", default_value_t = siesta_volume::DEFAULT_SIZE_LIMIT_MIB)]
+    volume_size_mib: u64,
 }
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
@@ -29,6 +32,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let home = config.home.clone();
     let api_keys = siesta_server::load_or_create_api_keys(&home)
         .with_context(|| format!("API key under {}", home.display()))?;
+    let volumes_dir = home.join("volumes");
+    let volumes = siesta_volume::Volumes::open(&volumes_dir, args.volume_size_mib)
+        .with_context(|| format!("opening the volumes in {}", volumes_dir.display()))?;
     let node = Node::start(config).await?;
     // Loads the sandboxes a previous run left: paused ones stay resumable.
     let manager = match SandboxManager::open(node.clone()) {
@@ -45,6 +51,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     println!("siesta: listening on http://{}", args.listen);
     println!("  export E2B_API_URL=http://{}", args.listen);
     println!("  export E2B_SANDBOX_URL=http://{}", args.listen);
+    println!("  export E2B_VOLUME_API_URL=http://{}", args.listen);
     println!("  export E2B_API_KEY={}", api_keys.current());
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let options = siesta_server::ServerOptions {
@@ -53,6 +60,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
                 .clone()
                 .unwrap_or_else(|| format!("localhost:{}", args.listen.port())),
         ),
+        volumes: std::sync::Arc::new(volumes),
     };
     let mut server = tokio::spawn(siesta_server::serve(
         args.listen,

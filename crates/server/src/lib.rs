@@ -23,12 +23,15 @@ use std::sync::Arc;
 
 use siesta_sandbox::SandboxManager;
 
-/// How the server presents itself.
-#[derive(Debug, Clone, Default)]
+/// How the server presents itself, and the node's parts it serves
+/// besides the sandbox manager.
+#[derive(Clone)]
 pub struct ServerOptions {
     /// The `domain` of its sandboxes: the SDK's `get_host(port)` is
     /// `{port}-{sandboxID}.{domain}`, which the front door routes by Host.
     pub sandbox_domain: Option<String>,
+    /// The node's volumes (`$SIESTA_HOME/volumes`).
+    pub volumes: Arc<siesta_volume::Volumes>,
 }
 
 /// Serves the API on `listen` until `shutdown` resolves.
@@ -50,6 +53,7 @@ pub async fn serve(
         builds: Arc::new(builds::Builds::new(files)),
         sandbox_metrics: Arc::default(),
         sandbox_domain: options.sandbox_domain,
+        volumes: options.volumes,
     };
     let app = proxy::front(router(state), targets);
     let listener = conn::ResettableListener(listener);

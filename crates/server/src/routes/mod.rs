@@ -7,6 +7,8 @@
 //! | `templates.rs` | templates list, the `Template` model |
 //! | `template_tags.rs` | template tags: assign, remove, list |
 //! | `template_builds.rs` | the E2B template build API: create, upload links, start, status, logs; alias, get, delete |
+//! | `volumes.rs` | volumes: create, list, get, delete |
+//! | `volume_content.rs` | a volume's files, authorised by the volume's token |
 //! | `node.rs` | `/health`, Prometheus `/metrics`, `/openapi.yaml` |
 //! | `model.rs` | the JSON models (`Sandbox`, `SandboxDetail`, `ListedSandbox`) |
 //! | `query.rs` | the list query string (double-encoded metadata, comma states) |
@@ -22,6 +24,8 @@ mod template_builds;
 mod template_tags;
 mod templates;
 mod unsupported;
+mod volume_content;
+mod volumes;
 
 use std::sync::Arc;
 
@@ -33,6 +37,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use siesta_sandbox::SandboxManager;
+use siesta_volume::Volumes;
 
 use crate::error::ApiError;
 use crate::metrics::Metrics;
@@ -46,6 +51,8 @@ pub struct AppState {
     pub sandbox_metrics: Arc<crate::sandbox_metrics::SandboxMetrics>,
     /// What the SDK builds sandbox host names with (`ServerOptions`).
     pub sandbox_domain: Option<String>,
+    /// The node's volumes.
+    pub volumes: Arc<Volumes>,
 }
 
 pub fn router(state: AppState) -> Router {
@@ -87,6 +94,8 @@ pub fn router(state: AppState) -> Router {
             post(template_tags::assign).delete(template_tags::remove),
         )
         .route("/templates/{id}/tags", get(template_tags::list))
+        .route("/volumes", post(volumes::create).get(volumes::list))
+        .route("/volumes/{id}", get(volumes::get).delete(volumes::delete))
         .route("/templates/{id}/files/{hash}", get(template_builds::files))
         .route(
             "/v2/templates/{id}/builds/{build}",
@@ -112,6 +121,21 @@ pub fn router(state: AppState) -> Router {
         .route(
             "/template-files/{hash}",
             axum::routing::put(template_builds::upload),
+        )
+        // The volume content API: each volume's own bearer token.
+        .route(
+            "/volumecontent/{id}/file",
+            get(volume_content::read_file).put(volume_content::write_file),
+        )
+        .route(
+            "/volumecontent/{id}/dir",
+            get(volume_content::list_dir).post(volume_content::make_dir),
+        )
+        .route(
+            "/volumecontent/{id}/path",
+            get(volume_content::stat)
+                .patch(volume_content::set_attrs)
+                .delete(volume_content::remove),
         )
         .merge(control)
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such endpoint") })

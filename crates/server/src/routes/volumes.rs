@@ -1,0 +1,125 @@
+//! Volumes (E2B's `Volume` API): `POST/GET /volumes`, `GET/DELETE
+//! /volumes/{id}`. A volume is named by its id or its name. Its files are
+//! served by the volume content API (`volume_content.rs`).
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::Json;
+use serde::{Deserialize, Serialize};
+use siesta_volume::{VolumeError, VolumeRecord};
+
+use super::AppState;
+use crate::error::ApiError;
+
+/// The create body: E2B's `NewVolume`, plus siesta's optional size limit.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct NewVolume {
+    name: String,
+    /// Size limit in MiB (default: the server's `--volume-size-mib`).
+    #[serde(rename = "sizeLimitMB")]
+    size_limit_mb: Option<u64>,
+}
+
+/// E2B's `VolumeAndToken` (and `Volume`, which is the same without the
+/// token), with the size limit and creation time as extra fields.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct VolumeBody {
+    #[serde(rename = "volumeID")]
+    volume_id: String,
+    name: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    token: Option<String>,
+    #[serde(rename = "sizeLimitMB")]
+    size_limit_mb: u64,
+    created_at: String,
+}
+
+impl VolumeBody {
+    fn new(r: VolumeRecord, with_token: bool) -> Self {
+        Self {
+            volume_id: r.id,
+            name: r.name,
+            token: with_token.then_some(r.token),
+            size_limit_mb: r.size_limit_bytes / (1024 * 1024),
+            created_at: r.created_at.to_rfc3339(),
+        }
+    }
+}
+
+pub async fn create(
+    State(st): State<AppState>,
+    bytes: Bytes,
+) -> Result<impl IntoResponse, ApiError> {
+    let body: NewVolume = serde_json::from_slice(&bytes).map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!("invalid request body: {e}"),
+        )
+    })?;
+    let record = blocking(move || st.volumes.create(&body.name, body.size_limit_mb)).await?;
+    tracing::info!(volume = %record.id, name = %record.name, "volume created");
+    Ok((StatusCode::CREATED, Json(VolumeBody::new(record, true))))
+}
+
+pub async fn list(State(st): State<AppState>) -> Result<impl IntoResponse, ApiError> {
+    let all = blocking(move || st.volumes.list()).await?;
+    let out: Vec<VolumeBody> = all.into_iter().map(|r| VolumeBody::new(r, false)).collect();
+    Ok(Json(out))
+}
+
+pub async fn get(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<impl IntoResponse, ApiError> {
+    let record = blocking(move || st.volumes.get(&id)).await?;
+    Ok(Json(VolumeBody::new(record, true)))
+}
+
+pub async fn delete(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    let record = blocking(move || st.volumes.delete(&id)).await?;
+    tracing::info!(volume = %record.id, name = %record.name, "volume deleted");
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Runs a registry or file call on a blocking thread (SQLite, fsync).
+pub(crate) async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, VolumeError> + Send + 'static,
+) -> Result<T, ApiError> {
+    match tokio::task::spawn_blocking(f).await {
+        Ok(result) => result.map_err(ApiError::from),
+        Err(e) => Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("volume operation failed: {e}"),
+        )),
+    }
+}
+
+impl From<VolumeError> for ApiError {
+    fn from(e: VolumeError) -> Self {
+        let status = match &e {
+            VolumeError::NotFound(_) | VolumeError::PathNotFound(_) => StatusCode::NOT_FOUND,
+            VolumeError::NameTaken(_)
+            | VolumeError::Exists(_)
+            | VolumeError::IsDirectory(_)
+            | VolumeError::NotDirectory(_) => StatusCode::CONFLICT,
+            VolumeError::BadName { .. }
+            | VolumeError::BadLimit(_)
+            | VolumeError::BadPath { .. }
+            | VolumeError::RemoveRoot => StatusCode::BAD_REQUEST,
+            VolumeError::Escapes { .. } => StatusCode::FORBIDDEN,
+            VolumeError::Full { .. } => StatusCode::INSUFFICIENT_STORAGE,
+            VolumeError::Io { .. } | VolumeError::Sql { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        if status == StatusCode::INTERNAL_SERVER_ERROR {
+            tracing::error!("volume: {e}");
+        }
+        ApiError::new(status, e.to_string())
+    }
+}
