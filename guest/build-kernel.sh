@@ -17,10 +17,13 @@ here=$(cd "$(dirname "$0")" && pwd)
 [ $# -eq 1 ] || die "usage: $0 OUTDIR"
 out=$1
 
-# Modules the initramfs loads (dependencies are added from modules.dep).
-WANTED="virtio virtio_ring virtio_pci_legacy_dev virtio_pci_modern_dev virtio_pci virtio_blk failover net_failover virtio_net"
+# Modules the initramfs loads (dependencies are added from modules.dep):
+# virtio for the disk and NIC, nfsv3 for volumes (mounted from the host over
+# NFSv3). Loaded at boot, so every template snapshot has them.
+WANTED="virtio virtio_ring virtio_pci_legacy_dev virtio_pci_modern_dev virtio_pci virtio_blk failover net_failover virtio_net nfsv3"
 
-if [ -s "$out/vmlinuz" ] && [ -s "$out/kernel-version" ] && [ -s "$out/modules/order" ]; then
+if [ -s "$out/vmlinuz" ] && [ -s "$out/kernel-version" ] && [ -s "$out/modules/order" ] \
+    && [ "$(cat "$out/modules/wanted" 2>/dev/null)" = "$WANTED" ]; then
     log "kernel: $out/vmlinuz present ($(cat "$out/kernel-version")), skipping"
     exit 0
 fi
@@ -115,6 +118,7 @@ for m in "${order[@]}"; do
     esac
     echo "$m.ko" >> "$out/modules.tmp/order"
 done
+echo "$WANTED" > "$out/modules.tmp/wanted"
 rm -rf "$out/modules"
 mv "$out/modules.tmp" "$out/modules"
 echo "$kver" > "$out/kernel-version.tmp"

@@ -54,12 +54,12 @@ def test_minted_key_has_the_shape_every_sdk_accepts(siesta):
         Sandbox.list(api_key=wrong).next_items()
 
 
-def test_volume_mounts_are_refused_rather_than_ignored(siesta):
+def test_a_mount_of_a_missing_volume_is_refused_rather_than_ignored(siesta):
     """A sandbox that silently lacked its volume would lose what the agent
-    writes there; until volumes exist the create says so."""
+    writes there (mounts themselves: test_volume_mounts.py)."""
     with pytest.raises(SandboxException) as err:
-        Sandbox.create(template="base", volume_mounts={"/mnt/data": "data"})
-    assert "volumes are not supported yet" in str(err.value), str(err.value)
+        Sandbox.create(template="base", volume_mounts={"/mnt/data": "no-such-volume"})
+    assert "volume \"no-such-volume\" not found" in str(err.value), str(err.value)
 
 
 def test_options_not_supported_yet_are_refused_by_name(api, sbx):

@@ -8,6 +8,7 @@
 pub mod auth;
 pub mod filesystem;
 pub mod http;
+pub mod mounts;
 pub mod pid1;
 pub mod process;
 pub mod reaper;

@@ -35,9 +35,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let volumes_dir = home.join("volumes");
     let volumes = siesta_volume::Volumes::open(&volumes_dir, args.volume_size_mib)
         .with_context(|| format!("opening the volumes in {}", volumes_dir.display()))?;
+    let volumes = std::sync::Arc::new(volumes);
     let node = Node::start(config).await?;
     // Loads the sandboxes a previous run left: paused ones stay resumable.
-    let manager = match SandboxManager::open(node.clone()) {
+    let manager = match SandboxManager::open_with_volumes(node.clone(), Some(volumes.clone())) {
         Ok(m) => m,
         Err(e) => {
             node.shutdown().await;
@@ -60,7 +61,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
                 .clone()
                 .unwrap_or_else(|| format!("localhost:{}", args.listen.port())),
         ),
-        volumes: std::sync::Arc::new(volumes),
+        volumes,
     };
     let mut server = tokio::spawn(siesta_server::serve(
         args.listen,

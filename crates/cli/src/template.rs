@@ -99,9 +99,16 @@ pub async fn run(cmd: TemplateCommand) -> anyhow::Result<ExitCode> {
             // Its own network tag: a build never touches a server's slots.
             config.net_tag = "b".into();
             config.warm_slots = 0;
+            let mut force = force;
             if if_missing {
                 if let Ok(t) = template::Template::open(&config.layout(), &name) {
-                    return complete_existing(config, t).await;
+                    if !booted_from_older_assets(&config, &t) {
+                        return complete_existing(config, t).await;
+                    }
+                    println!(
+                        "template {name} was booted from an older guest kernel, initramfs or agent: rebuilding it"
+                    );
+                    force = true;
                 }
             }
             let credentials = registry_credentials(registry_user)?;
@@ -415,6 +422,19 @@ fn list(config: &NodeConfig, json: bool) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// Whether `t`, a template booted straight from the guest assets (not one
+/// built on another template or an image, which are the user's), was booted
+/// from other assets than today's: it would lack what they added.
+fn booted_from_older_assets(config: &NodeConfig, t: &template::Template) -> bool {
+    if t.record.parent.is_some() || t.record.source_image.is_some() {
+        return false;
+    }
+    match template::record::guest_assets_digest(&config.layout()) {
+        Ok(now) => t.record.guest_assets.as_deref() != Some(now.as_str()),
+        Err(_) => false, // no assets to compare with: keep what is there
+    }
 }
 
 /// `--if-missing` on a template that exists: records its startup manifest

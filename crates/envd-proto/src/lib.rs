@@ -53,3 +53,15 @@ pub fn file_signature(
         base64::engine::general_purpose::STANDARD_NO_PAD.encode(digest)
     )
 }
+
+/// A volume the agent mounts at `/init` (a siesta extension of envd's
+/// `/init` body, field `siestaMounts`): an NFSv3 export that serves both
+/// NFS and MOUNT on `port` at `addr`, mounted at `path`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct NfsMount {
+    /// Absolute path in the guest.
+    pub path: String,
+    /// The server's IPv4 address, as the guest reaches it.
+    pub addr: String,
+    pub port: u16,
+}

@@ -29,6 +29,7 @@ pub mod snapshots;
 pub mod stages;
 pub mod store;
 pub mod template;
+pub mod volumes;
 
 pub use config::NodeConfig;
 pub use error::{Error, Result};

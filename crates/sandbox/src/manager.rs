@@ -52,6 +52,8 @@ pub struct CreateRequest {
     /// What its timeout does (pause by default) and whether traffic to it
     /// while paused resumes it.
     pub lifecycle: Lifecycle,
+    /// Volumes to mount (checked with [`crate::volumes::check_mounts`]).
+    pub volume_mounts: Vec<crate::volumes::VolumeMount>,
 }
 
 pub(crate) type Entry = Arc<Mutex<Sandbox>>;
@@ -74,6 +76,8 @@ pub struct SandboxManager {
     /// manager's life: two managers on one home would each "recover" the
     /// other's live sandboxes.
     _home_lock: Option<std::fs::File>,
+    /// The node's volumes, which sandboxes may mount (none: mounts refused).
+    pub(crate) volumes: Option<Arc<siesta_volume::Volumes>>,
 }
 
 impl SandboxManager {
@@ -83,13 +87,22 @@ impl SandboxManager {
     /// sandboxes are listed and resumable; running ones whose VM did not
     /// survive are reported dead. Call within a tokio runtime.
     pub fn open(node: Arc<Node>) -> Result<Arc<Self>> {
+        Self::open_with_volumes(node, None)
+    }
+
+    /// [`SandboxManager::open`], with the node's volumes for sandboxes to
+    /// mount.
+    pub fn open_with_volumes(
+        node: Arc<Node>,
+        volumes: Option<Arc<siesta_volume::Volumes>>,
+    ) -> Result<Arc<Self>> {
         let layout = node.config.layout();
         let sandboxes = layout.sandboxes();
         std::fs::create_dir_all(&sandboxes).ctx("creating sandboxes directory", &sandboxes)?;
         let lock = crate::recovery::lock_home(layout.home())?;
         let store = Store::open(&layout.home().join(DB_FILE))?;
         let records = crate::recovery::recover(&store, &layout)?;
-        Ok(Self::start(node, store, records, true, Some(lock)))
+        Ok(Self::start(node, store, records, true, Some(lock), volumes))
     }
 
     /// A manager whose state lives in memory only (benchmarks, tests): it
@@ -103,6 +116,7 @@ impl SandboxManager {
             Vec::new(),
             false,
             None,
+            None,
         ))
     }
 
@@ -112,6 +126,7 @@ impl SandboxManager {
         records: Vec<SandboxRecord>,
         persistent: bool,
         lock: Option<std::fs::File>,
+        volumes: Option<Arc<siesta_volume::Volumes>>,
     ) -> Arc<Self> {
         let layout = node.config.layout();
         let entries = records
@@ -136,6 +151,7 @@ impl SandboxManager {
             reaper: Reaper::default(),
             keyed_creates: Mutex::new(()),
             _home_lock: lock,
+            volumes,
         });
         manager.reaper.start(Arc::downgrade(&manager));
         manager
@@ -176,8 +192,9 @@ impl SandboxManager {
             }
             Err(e) => return Err(e),
         };
+        crate::volumes::check_mounts(&req.volume_mounts)?;
         let record = new_record(&req, &template, timeout);
-        let params = resume_params(&record);
+        let params = self.resume_params(&record);
         let resumed = resume::from_template(&self.node, &self.pool, &template, &params).await?;
         self.adopt(record, resumed, timeout).await
     }
@@ -508,6 +525,7 @@ pub(crate) fn new_record(
         timings: None,
         dead_reason: None,
         guest_defaults: template.record.defaults.guest.clone(),
+        volume_mounts: req.volume_mounts.clone(),
     }
 }
 
@@ -537,6 +555,7 @@ pub(crate) fn running(r: Resumed) -> Running {
     Running {
         vm: r.vm,
         slot: r.slot,
+        exports: r.exports,
         run_dir: r.run_dir,
         agent_addr,
         timings: r.timings,
@@ -576,21 +595,32 @@ async fn stop_vm(node: &Node, id: &str, mut r: Running) {
     if let Err(e) = r.vm.shutdown().await {
         tracing::warn!(sandbox = %id, "stopping VMM: {e}");
     }
+    // Before the slot goes back to the pool: its next sandbox must not
+    // find this one's volumes there.
+    drop(r.exports);
     node.release_slot(r.slot).await;
     let _ = std::fs::remove_dir_all(&r.run_dir);
 }
 
-pub(crate) fn resume_params(record: &SandboxRecord) -> ResumeParams {
-    ResumeParams {
-        init: InitParams::new(
+impl SandboxManager {
+    /// What resuming the sandbox of `record` needs: its `/init`, token,
+    /// egress policy and volume mounts.
+    pub(crate) fn resume_params(&self, record: &SandboxRecord) -> ResumeParams {
+        let mut init = InitParams::new(
             Some(record.access_token.clone()),
             record.env_vars.clone(),
             &record.guest_defaults,
-        ),
-        // A template's guest holds no token (any is accepted); a paused
-        // sandbox's holds its own.
-        guest_token: Some(record.access_token.clone()),
-        egress: record.egress.clone(),
+        );
+        init.siesta_mounts = crate::volumes::guest_mounts(&record.volume_mounts);
+        ResumeParams {
+            init,
+            // A template's guest holds no token (any is accepted); a paused
+            // sandbox's holds its own.
+            guest_token: Some(record.access_token.clone()),
+            egress: record.egress.clone(),
+            mounts: record.volume_mounts.clone(),
+            volumes: self.volumes.clone(),
+        }
     }
 }
 

@@ -162,6 +162,7 @@ mod tests {
             parent: None,
             build_key: None,
             source_image: None,
+            guest_assets: None,
         };
         let state = dir.join("state.bin");
         std::fs::write(&state, b"s").unwrap();

@@ -27,8 +27,8 @@ use siesta_snapshot::{RepoError, Repository, SnapshotKind, SnapshotRecord};
 use crate::error::{Error, IoContext, Result};
 use crate::lifecycle::deadline;
 use crate::manager::{
-    finish_stopping, resume_params, running, set_running, stop_in_background, stop_running,
-    wrong_state, SandboxManager,
+    finish_stopping, running, set_running, stop_in_background, stop_running, wrong_state,
+    SandboxManager,
 };
 use crate::memory_save::{self, SaveMemory, SaveReport};
 use crate::resume::{self, SavedState};
@@ -254,7 +254,7 @@ impl SandboxManager {
         let memory = memory_of(&repo, &snapshot, &template)?;
         let disk = sb.disk_path();
         repo.take_file(&snapshot.id, DISK, &disk)?;
-        let params = resume_params(&sb.record);
+        let params = self.resume_params(&sb.record);
         let resumed = match resume::from_saved(
             &self.node,
             &template,

@@ -289,6 +289,7 @@ mod tests {
             timings: None,
             dead_reason: None,
             guest_defaults: Default::default(),
+            volume_mounts: Vec::new(),
         }
     }
 

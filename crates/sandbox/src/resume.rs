@@ -36,6 +36,8 @@ use crate::node::Node;
 use crate::pool::{incoming_spec, PooledVm, VmmPool};
 use crate::stages::{Stage, StageClock, StageTimings};
 use crate::template::Template;
+use crate::volumes::{start_exports, Exports, VolumeMount};
+use siesta_volume::Volumes;
 
 /// A VM that came out of the resume path, running and initialised.
 pub struct Resumed {
@@ -44,6 +46,7 @@ pub struct Resumed {
     pub dir: PathBuf,
     pub vm: Box<dyn VmInstance>,
     pub slot: Slot,
+    pub exports: Exports,
     pub run_dir: PathBuf,
     pub timings: StageTimings,
 }
@@ -57,6 +60,10 @@ pub struct ResumeParams {
     /// for a snapshot or fork, none for a fresh template.
     pub guest_token: Option<String>,
     pub egress: EgressPolicy,
+    /// Volumes to serve in the slot before the guest runs (the guest is
+    /// told to mount them in `init`).
+    pub mounts: Vec<VolumeMount>,
+    pub volumes: Option<Arc<Volumes>>,
 }
 
 /// Resumes a new sandbox from `template`. The sandbox takes the id and
@@ -188,6 +195,12 @@ async fn finish(
         let id = id.clone();
         return Err(guard.fail(Error::Net { id, source }).await);
     }
+    // Served before the guest runs: a resumed guest's NFS client
+    // reconnects at once.
+    match start_exports(&id, params.volumes.as_ref(), guard.slot(), &params.mounts) {
+        Ok(exports) => guard.exports = exports,
+        Err(e) => return Err(guard.fail(e).await),
+    }
     let loaded = clock
         .time(Stage::SnapshotLoad, guard.vm().restore(state))
         .await;
@@ -220,6 +233,7 @@ async fn finish(
     }
     let timings = clock.finish();
     tracing::info!(sandbox = %id, "resumed: {}", timings.summary());
+    let exports = std::mem::take(&mut guard.exports);
     let (vm, slot, _) = guard.disarm();
     let run_dir = dir.join("run");
     Ok(Resumed {
@@ -227,6 +241,7 @@ async fn finish(
         dir,
         vm,
         slot,
+        exports,
         run_dir,
         timings,
     })
@@ -253,6 +268,8 @@ struct Cleanup<'a> {
     node: &'a Arc<Node>,
     id: String,
     parts: Option<(Box<dyn VmInstance>, Slot, PathBuf)>,
+    /// The volumes' NFS servers in the slot, once started.
+    exports: Exports,
 }
 
 impl<'a> Cleanup<'a> {
@@ -267,6 +284,7 @@ impl<'a> Cleanup<'a> {
             node,
             id,
             parts: Some((vm, slot, run_dir)),
+            exports: Exports::default(),
         }
     }
     fn vm(&mut self) -> &mut Box<dyn VmInstance> {
@@ -281,6 +299,7 @@ impl<'a> Cleanup<'a> {
     async fn fail(&mut self, err: Error) -> Error {
         if let Some((mut vm, slot, scratch)) = self.parts.take() {
             let _ = vm.shutdown().await;
+            drop(std::mem::take(&mut self.exports));
             self.node.release_slot(slot).await;
             let _ = std::fs::remove_dir_all(&scratch);
         }

@@ -138,6 +138,10 @@ pub struct SandboxRecord {
     /// template's last USER and WORKDIR).
     #[serde(default)]
     pub guest_defaults: GuestDefaults,
+    /// Volumes mounted in it; kept across pause and resume, and given to
+    /// its forks and to sandboxes made from its snapshots.
+    #[serde(default)]
+    pub volume_mounts: Vec<crate::volumes::VolumeMount>,
 }
 
 /// Who a guest's commands run as, and where, when a request names neither.
@@ -164,6 +168,8 @@ pub type SandboxInfo = SandboxRecord;
 pub struct Running {
     pub vm: Box<dyn VmInstance>,
     pub slot: Slot,
+    /// The NFS servers of its volumes, in its slot.
+    pub exports: crate::volumes::Exports,
     pub run_dir: PathBuf,
     pub agent_addr: SocketAddr,
     pub timings: StageTimings,

@@ -19,13 +19,14 @@ use siesta_snapshot::{RepoError, Repository, SnapshotKind, SnapshotRecord};
 
 use crate::error::{Error, IoContext, Result};
 use crate::lifecycle::deadline;
-use crate::manager::{new_record, resume_params, CreateRequest, SandboxManager};
+use crate::manager::{new_record, CreateRequest, SandboxManager};
 use crate::memory_save::{self, SaveMemory};
 use crate::paused::{memory_of, verified_state};
 use crate::resume::{self, SavedState};
 use crate::rootfs::copy_sparse;
 use crate::sandbox::{SandboxInfo, DISK_FILE};
 use crate::template::Template;
+use crate::volumes::VolumeMount;
 
 /// What is kept with a user snapshot (the record's `meta`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -36,6 +37,10 @@ pub struct UserSnapshotMeta {
     /// The access token the captured guest holds: a sandbox made from the
     /// snapshot presents it to `/init` to set its own.
     pub guest_token: String,
+    /// The source's volume mounts: its guest has them, so every sandbox
+    /// made from the snapshot serves them too.
+    #[serde(default)]
+    pub volume_mounts: Vec<VolumeMount>,
 }
 
 /// A user snapshot as callers see it.
@@ -61,6 +66,7 @@ struct Capture {
     guest_token: String,
     /// `state`'s SHA-256 where the save computed it.
     state_sha256: Option<String>,
+    volume_mounts: Vec<VolumeMount>,
 }
 
 /// What a new sandbox starts from: a saved state, the memory blob it was
@@ -107,6 +113,7 @@ impl SandboxManager {
             template,
             guest_token: sb.record.access_token.clone(),
             state_sha256: None,
+            volume_mounts: sb.record.volume_mounts.clone(),
         };
         let disk = sb.disk_path();
         let Some(running) = sb.running.as_mut() else {
@@ -153,6 +160,7 @@ impl SandboxManager {
             source_sandbox: id.to_string(),
             names: names.clone(),
             guest_token: capture.guest_token.clone(),
+            volume_mounts: capture.volume_mounts.clone(),
         };
         // Every sandbox made from it checks the state against this digest.
         let state_sha = match &capture.state_sha256 {
@@ -236,6 +244,16 @@ impl SandboxManager {
             })?;
         let state = verified_state(&repo, snap).await?;
         let disk = repo.file_path(snap, DISK)?;
+        if !req.volume_mounts.is_empty() && req.volume_mounts != meta.volume_mounts {
+            return Err(Error::Invalid(format!(
+                "volumeMounts: a sandbox made from snapshot {} mounts what its source mounted; leave volumeMounts out",
+                snap.id
+            )));
+        }
+        let req = CreateRequest {
+            volume_mounts: meta.volume_mounts.clone(),
+            ..req
+        };
         let template = Template::open(&self.node.config.layout(), &meta.template)?;
         let memory = memory_of(&repo, snap, &template)?;
         let origin = Origin {
@@ -261,7 +279,7 @@ impl SandboxManager {
         let result = async {
             copy_sparse(origin.disk, &dir.join(DISK_FILE)).await?;
             record.template = template.record.name.clone();
-            let mut params = resume_params(&record);
+            let mut params = self.resume_params(&record);
             params.guest_token = Some(origin.guest_token.to_string());
             let saved = SavedState {
                 state: origin.state.to_path_buf(),
@@ -309,6 +327,7 @@ impl SandboxManager {
             private_traffic: source.traffic_token.is_some(),
             timeout_secs,
             lifecycle: source.lifecycle,
+            volume_mounts: source.volume_mounts.clone(),
         };
         let origin = || Origin {
             state: &capture.state,

@@ -357,7 +357,7 @@ fn open_dir_fd(data: &Dir, dir: &VolumePath) -> std::io::Result<std::fs::File> {
     Ok(data.open_with(dir.relative(), &options)?.into_std())
 }
 
-fn usage_of(dir: &Dir) -> std::io::Result<u64> {
+pub(crate) fn usage_of(dir: &Dir) -> std::io::Result<u64> {
     let mut total = 0;
     for entry in dir.entries()? {
         let entry = entry?;

@@ -10,6 +10,7 @@
 //! | [`content`] | [`VolumeFs`]: file operations inside one volume (the volume content API), confined to it |
 //! | [`path`] | [`VolumePath`]: a path inside a volume, refused when it could leave it |
 //! | [`stat`] | [`EntryStat`]: what a stat or listing reports |
+//! | [`nfs`] | a volume served to one sandbox's guest over NFSv3, from inside its network namespace |
 //!
 //! Layout on disk:
 //!
@@ -26,6 +27,7 @@
 
 pub mod content;
 mod error;
+pub mod nfs;
 pub mod path;
 pub mod registry;
 pub mod stat;

@@ -52,6 +52,12 @@ pub struct Volumes {
     default_limit_bytes: u64,
 }
 
+impl std::fmt::Debug for Volumes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Volumes").field("root", &self.root).finish()
+    }
+}
+
 impl Volumes {
     /// Opens (creating) the registry under `root`, removing what a crash
     /// left: directories of volumes that have no row, and half uploads.
@@ -185,6 +191,15 @@ impl Volumes {
             open("tmp")?,
             record.size_limit_bytes,
         ))
+    }
+
+    /// The volume as an NFS file system, for one mount in one sandbox.
+    pub fn nfs(&self, record: &VolumeRecord) -> VolumeResult<crate::nfs::VolumeNfs> {
+        let path = self.dir(&record.id).join("data");
+        let root = Dir::open_ambient_dir(&path, ambient_authority())
+            .map_err(io("opening volume directory", &path))?;
+        crate::nfs::VolumeNfs::new(&record.name, &record.id, root, record.size_limit_bytes)
+            .map_err(io("serving volume directory", path))
     }
 
     /// The host directory holding the volume's files (what an NFS export

@@ -14,8 +14,9 @@ use super::{sysinit, HttpError};
 use crate::auth::check_access_token;
 use crate::state::AgentState;
 
-/// The `/init` body (envd's `PostInitJSONBody` plus `entropy`). Unknown
-/// fields (`volumeMounts`, `hyperloopIP`) are accepted and ignored.
+/// The `/init` body (envd's `PostInitJSONBody` plus `entropy` and
+/// `siestaMounts`). Unknown fields (envd's `volumeMounts`, `hyperloopIP`)
+/// are accepted and ignored.
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct InitBody {
@@ -27,13 +28,17 @@ pub struct InitBody {
     pub default_workdir: Option<String>,
     /// Standard base64 of fresh random bytes from the host.
     pub entropy: Option<String>,
+    /// Volumes to mount (NFSv3 from the host); already mounted ones are kept.
+    #[serde(default)]
+    pub siesta_mounts: Vec<siesta_envd_proto::NfsMount>,
 }
 
 pub async fn init(
     State(state): State<AgentState>,
     headers: HeaderMap,
     body: Bytes,
-) -> Result<StatusCode, HttpError> {
+) -> Result<axum::response::Response, HttpError> {
+    use axum::response::IntoResponse;
     // Once a token is set, only its holder may change the agent's defaults
     // (or the token itself).
     check_access_token(&state, &headers)
@@ -54,6 +59,16 @@ pub async fn init(
     };
     if let Some(user) = &body.default_user {
         state.users.lookup(user).map_err(HttpError::from_rpc)?;
+    }
+    // Mounted before anything else changes: a sandbox must never run
+    // without its volume (what it wrote there would be lost).
+    let mounted: Vec<String> = body.siesta_mounts.iter().map(|m| m.path.clone()).collect();
+    if !body.siesta_mounts.is_empty() {
+        let mounts = body.siesta_mounts.clone();
+        tokio::task::spawn_blocking(move || crate::mounts::ensure(&mounts))
+            .await
+            .map_err(|e| HttpError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+            .map_err(|e| HttpError::new(StatusCode::INTERNAL_SERVER_ERROR, e))?;
     }
 
     if let Some(ts) = &body.timestamp {
@@ -87,7 +102,13 @@ pub async fn init(
     if let Some(dir) = body.default_workdir.filter(|w| !w.is_empty()) {
         d.workdir = Some(dir);
     }
-    Ok(StatusCode::NO_CONTENT)
+    // envd answers 204; with volumes, the list of what is mounted tells the
+    // host this agent knows about them.
+    if mounted.is_empty() {
+        Ok(StatusCode::NO_CONTENT.into_response())
+    } else {
+        Ok(Json(serde_json::json!({ "mounts": mounted })).into_response())
+    }
 }
 
 pub async fn envs(

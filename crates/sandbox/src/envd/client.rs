@@ -30,6 +30,9 @@ pub struct InitParams {
     /// Fresh randomness: every clone of one snapshot starts with the same
     /// random state until the agent reseeds the kernel with this.
     pub entropy: String,
+    /// Volumes to mount (siesta's extension of envd's `/init`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub siesta_mounts: Vec<siesta_envd_proto::NfsMount>,
 }
 
 impl InitParams {
@@ -47,6 +50,7 @@ impl InitParams {
             default_user: defaults.user.clone(),
             default_workdir: defaults.workdir.clone(),
             entropy: base64::engine::general_purpose::STANDARD.encode(entropy),
+            siesta_mounts: Vec::new(),
         }
     }
 }
@@ -173,7 +177,31 @@ impl EnvdClient {
             let body = resp.text().await.unwrap_or_default();
             return Err(self.agent_err(format!("/init answered {status}: {body}")));
         }
+        if !params.siesta_mounts.is_empty() {
+            self.check_mounted(params, resp).await?;
+        }
         Ok(())
+    }
+
+    /// An agent that mounted volumes lists them in its answer; an older one
+    /// ignores the field, and its sandbox must not run without them.
+    async fn check_mounted(&self, params: &InitParams, resp: reqwest::Response) -> Result<()> {
+        #[derive(serde::Deserialize)]
+        struct Mounted {
+            mounts: Vec<String>,
+        }
+        let mounted = resp
+            .json::<Mounted>()
+            .await
+            .map(|m| m.mounts)
+            .unwrap_or_default();
+        match params.siesta_mounts.iter().find(|m| !mounted.contains(&m.path)) {
+            None => Ok(()),
+            Some(m) => Err(self.agent_err(format!(
+                "the guest agent did not mount the volume at {} (the template's agent predates volumes): rebuild the template",
+                m.path
+            ))),
+        }
     }
 
     /// `GET /metrics`: the guest's CPU, memory and disk use (JSON as the

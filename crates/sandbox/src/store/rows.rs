@@ -16,7 +16,7 @@ use crate::sandbox::{Lifecycle, SandboxRecord};
 pub(super) const COLUMNS: &str = "id, template, state, created_us, started_us, end_us, \
      access_token, env_vars, allow_internet, cpu_count, memory_mb, disk_size_mb, \
      on_timeout, auto_resume, agent_addr, vmm_pid, timings, dead_reason, guest_defaults, \
-     egress_rules, traffic_token";
+     egress_rules, traffic_token, volume_mounts";
 
 impl Store {
     /// Inserts or replaces `rec` and its metadata, atomically.
@@ -102,10 +102,14 @@ fn upsert(conn: &Connection, r: &SandboxRecord) -> rusqlite::Result<usize> {
         .then(|| serde_json::to_string(&r.egress))
         .transpose()
         .map_err(to_sql_err)?;
+    let volume_mounts = (!r.volume_mounts.is_empty())
+        .then(|| serde_json::to_string(&r.volume_mounts))
+        .transpose()
+        .map_err(to_sql_err)?;
     conn.execute(
         &format!(
             "INSERT OR REPLACE INTO sandboxes ({COLUMNS}) VALUES \
-             (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21)"
+             (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22)"
         ),
         params![
             r.id,
@@ -129,6 +133,7 @@ fn upsert(conn: &Connection, r: &SandboxRecord) -> rusqlite::Result<usize> {
             defaults,
             egress_rules,
             r.traffic_token,
+            volume_mounts,
         ],
     )
 }
@@ -225,6 +230,7 @@ pub(super) fn from_row(row: &Row) -> rusqlite::Result<SandboxRecord> {
         dead_reason: row.get(17)?,
         guest_defaults: json(row, 18)?.unwrap_or_default(),
         traffic_token: row.get(20)?,
+        volume_mounts: json(row, 21)?.unwrap_or_default(),
         metadata: HashMap::new(),
     })
 }

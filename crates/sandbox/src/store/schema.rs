@@ -58,6 +58,8 @@ const MIGRATIONS: &[&str] = &[
         created_us     INTEGER NOT NULL
     );
     CREATE INDEX idempotency_keys_by_age ON idempotency_keys (created_us);",
+    // 6: volume mounts (JSON array of `VolumeMount`; NULL is none).
+    "ALTER TABLE sandboxes ADD COLUMN volume_mounts TEXT;",
 ];
 
 /// The version this build creates and understands.

@@ -40,6 +40,11 @@ fn rec(id: &str, started: i64, state: SandboxState, meta: &[(&str, &str)]) -> Sa
             user: format!("u-{id}"),
             workdir: "/srv".into(),
         },
+        volume_mounts: vec![crate::volumes::VolumeMount {
+            volume_id: format!("vol-{id}"),
+            name: "data".into(),
+            path: "/mnt/data".into(),
+        }],
     }
 }
 

@@ -220,6 +220,7 @@ async fn freeze_into(
         DiskFormat::Raw,
     );
     let run_dir = spec.run_dir.clone();
+    let guest_assets = record::guest_assets_digest(&layout)?;
     let (booted, cold_boot_ms) = boot_until_healthy(node, spec).await?;
     freeze(node, &id, booted, &state).await?;
     let _ = std::fs::remove_dir_all(&run_dir);
@@ -241,6 +242,7 @@ async fn freeze_into(
         parent: None,
         build_key: None,
         source_image: None,
+        guest_assets: Some(guest_assets),
     };
     record.store(work)?;
     Ok(record)

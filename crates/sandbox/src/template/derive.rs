@@ -18,7 +18,9 @@ use siesta_vmm::DiskFormat;
 use super::base::Base;
 use super::build::{boot_spec, boot_until_healthy, freeze, VmSize};
 use super::layered::LayeredDisk;
-use super::record::{self, file_record, SourceImage, TemplateDefaults, TemplateRecord};
+use super::record::{
+    self, file_record, guest_assets_digest, SourceImage, TemplateDefaults, TemplateRecord,
+};
 use super::steps::{Step, StepContext, StepsBuild};
 use super::Template;
 use crate::envd::{EnvdClient, ExecOptions, InitParams};
@@ -193,8 +195,15 @@ async fn assemble(
         .await
         .map_err(|e| failed(build, BuildPhase::Finalize, e))?;
     log(LogLevel::Info, &BuildPhase::Finalize, "frozen");
-    let (image, parent, source_image) = match base {
-        Base::Template(t) => (t.record.image.clone(), Some(t.record.name.clone()), None),
+    // A template's steps run in its resumed guest (its kernel state); an
+    // image boots the current assets.
+    let (image, parent, source_image, guest_assets) = match base {
+        Base::Template(t) => (
+            t.record.image.clone(),
+            Some(t.record.name.clone()),
+            None,
+            t.record.guest_assets.clone(),
+        ),
         Base::Image { image, .. } => (
             image.reference.clone(),
             None,
@@ -203,6 +212,7 @@ async fn assemble(
                 digest: image.digest.clone(),
                 config: image.config.clone(),
             }),
+            guest_assets_digest(&node.config.layout()).ok(),
         ),
     };
     let record = TemplateRecord {
@@ -229,6 +239,7 @@ async fn assemble(
         parent,
         build_key: Some(key),
         source_image,
+        guest_assets,
     };
     record.store(work)?;
     Ok(record)

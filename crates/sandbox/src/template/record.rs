@@ -55,6 +55,11 @@ pub struct TemplateRecord {
     /// The OCI image it was built from, for a template built from one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source_image: Option<SourceImage>,
+    /// Digest of the guest kernel, initramfs and agent it booted with (see
+    /// [`guest_assets_digest`]): a template booted from older assets lacks
+    /// what they added since (the NFS client for volumes, say).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guest_assets: Option<String>,
 }
 
 /// The image a template was built from, and its config as the image had it
@@ -148,6 +153,21 @@ pub fn file_record(path: &Path) -> Result<FileRecord> {
         allocated: meta.blocks() * 512,
         sha256: hex::encode(hasher.finalize()),
     })
+}
+
+/// SHA-256 over the guest kernel, initramfs and agent a cold boot uses
+/// now (the agent in the root images is the one in `assets/`).
+pub fn guest_assets_digest(layout: &crate::layout::Layout) -> Result<String> {
+    let mut hasher = Sha256::new();
+    for path in [layout.kernel(), layout.initrd(), layout.agent_bin()] {
+        match std::fs::read(&path) {
+            Ok(bytes) => hasher.update(Sha256::digest(&bytes)),
+            // Older asset directories have no agent copy.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && path == layout.agent_bin() => {}
+            Err(e) => return Err(e).ctx("reading guest asset", &path),
+        }
+    }
+    Ok(hex::encode(hasher.finalize()))
 }
 
 pub(crate) fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {

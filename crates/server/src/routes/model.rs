@@ -50,6 +50,9 @@ pub fn detail(info: &SandboxInfo, domain: Option<&str>) -> Value {
             "denyOut": info.egress.deny_out,
         },
         "domain": domain,
+        "volumeMounts": info.volume_mounts.iter()
+            .map(|m| json!({"name": m.name, "path": m.path}))
+            .collect::<Vec<_>>(),
         "lifecycle": {
             "autoResume": info.lifecycle.auto_resume,
             "onTimeout": match info.lifecycle.on_timeout {

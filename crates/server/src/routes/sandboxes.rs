@@ -34,10 +34,9 @@ pub struct NewSandbox {
     env_vars: HashMap<String, String>,
     lifecycle: Option<LifecycleBody>,
     network: Option<NetworkBody>,
-    /// Refused when not empty: a sandbox without the volumes it asked for
-    /// would lose what it writes there.
+    /// Volumes to mount, by name (`[{name, path}]`).
     #[serde(default)]
-    volume_mounts: Vec<Value>,
+    volume_mounts: Vec<super::volumes::MountBody>,
     /// `false` asks for filesystem-only auto-pause: refused (not yet).
     auto_pause_memory: Option<bool>,
     // `mcp` is accepted as it is: the SDK starts the MCP gateway in the
@@ -115,13 +114,6 @@ pub async fn create(
             ApiError::new(StatusCode::BAD_REQUEST, "Idempotency-Key is not ASCII text")
         })?),
     };
-    if !req.volume_mounts.is_empty() {
-        return Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "volumeMounts: volumes are not supported yet, and a sandbox without its \
-             mounts would lose what it writes there; create it without volume_mounts",
-        ));
-    }
     unsupported::memory_kept(req.auto_pause_memory, "autoPauseMemory")?;
     unsupported::unset("iam", req.iam.as_ref())?;
     let lifecycle = req.lifecycle();
@@ -137,6 +129,7 @@ pub async fn create(
             .is_some_and(NetworkBody::private_traffic),
         timeout_secs: req.timeout,
         lifecycle,
+        volume_mounts: super::volumes::resolve_mounts(&st, req.volume_mounts).await?,
     };
     let created = match key {
         // Keys sort JSON objects' fields, so the digest is the request's,

@@ -8,6 +8,7 @@ use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::Json;
 use serde::{Deserialize, Serialize};
+use siesta_sandbox::volumes::VolumeMount;
 use siesta_volume::{VolumeError, VolumeRecord};
 
 use super::AppState;
@@ -83,9 +84,63 @@ pub async fn delete(
     State(st): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
+    let volumes = st.volumes.clone();
+    let key = id.clone();
+    let record = blocking(move || volumes.get(&key)).await?;
+    let users = st.manager.mounting(&record.id).await;
+    if !users.is_empty() {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            format!(
+                "volume {:?} is mounted in sandboxes {} (running or paused): kill them first",
+                record.name,
+                users.join(", ")
+            ),
+        ));
+    }
     let record = blocking(move || st.volumes.delete(&id)).await?;
     tracing::info!(volume = %record.id, name = %record.name, "volume deleted");
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// One entry of a create request's `volumeMounts`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MountBody {
+    name: String,
+    path: String,
+}
+
+/// The create request's mounts, each volume looked up by name (or id).
+pub(crate) async fn resolve_mounts(
+    st: &AppState,
+    mounts: Vec<MountBody>,
+) -> Result<Vec<VolumeMount>, ApiError> {
+    let mut resolved = Vec::with_capacity(mounts.len());
+    for m in mounts {
+        let volumes = st.volumes.clone();
+        let name = m.name.clone();
+        let record = blocking(move || volumes.get(&name)).await.map_err(|e| {
+            if e.status == StatusCode::NOT_FOUND {
+                ApiError::new(
+                    StatusCode::NOT_FOUND,
+                    format!(
+                        "volumeMounts: volume {:?} not found (create it with Volume.create or `siesta volume create`)",
+                        m.name
+                    ),
+                )
+            } else {
+                e
+            }
+        })?;
+        resolved.push(VolumeMount {
+            volume_id: record.id,
+            name: record.name,
+            path: m.path,
+        });
+    }
+    siesta_sandbox::volumes::check_mounts(&resolved)?;
+    Ok(resolved)
 }
 
 /// Runs a registry or file call on a blocking thread (SQLite, fsync).

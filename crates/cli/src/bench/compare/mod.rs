@@ -117,6 +117,8 @@ async fn resume_once(
         init: InitParams::new(None, Default::default(), &Default::default()),
         guest_token: None,
         egress: siesta_net::EgressPolicy::default(),
+        mounts: Vec::new(),
+        volumes: None,
     };
     Ok(resume::from_template(node, pool, tpl, &params).await?)
 }
