@@ -110,13 +110,21 @@ impl SandboxManager {
     /// data directory's `sandboxes/` with a server that may run beside it,
     /// so it never cleans other directories there.
     pub fn ephemeral(node: Arc<Node>) -> Result<Arc<Self>> {
+        Self::ephemeral_with_volumes(node, None)
+    }
+
+    /// [`SandboxManager::ephemeral`], with volumes its sandboxes may mount.
+    pub fn ephemeral_with_volumes(
+        node: Arc<Node>,
+        volumes: Option<Arc<siesta_volume::Volumes>>,
+    ) -> Result<Arc<Self>> {
         Ok(Self::start(
             node,
             Store::in_memory()?,
             Vec::new(),
             false,
             None,
-            None,
+            volumes,
         ))
     }
 

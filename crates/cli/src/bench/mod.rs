@@ -10,6 +10,7 @@ mod paired;
 mod pause;
 mod resume;
 mod session;
+mod volume;
 
 use std::process::ExitCode;
 
@@ -27,6 +28,9 @@ pub enum BenchCommand {
     /// Host memory (PSS) of N idle sandboxes over N times their guest
     /// memory.
     Density(density::DensityArgs),
+    /// Sequential write and read, and 1,000 small files, through a volume
+    /// mount against the sandbox's own disk, in one sandbox, interleaved.
+    Volume(volume::VolumeArgs),
     /// Start the guest agent on the host and measure start-up, `Start`
     /// round trips and idle memory.
     Agent(agent::AgentArgs),
@@ -39,5 +43,6 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<ExitCode> {
         BenchCommand::Pause(args) => pause::run(args).await,
         BenchCommand::Fork(args) => fork::run(args).await,
         BenchCommand::Density(args) => density::run(args).await,
+        BenchCommand::Volume(args) => volume::run(args).await,
     }
 }

@@ -14,10 +14,17 @@ pub struct Session {
 
 impl Session {
     pub async fn start() -> anyhow::Result<Self> {
+        Self::start_with_volumes(None).await
+    }
+
+    /// A session whose sandboxes may mount `volumes`.
+    pub async fn start_with_volumes(
+        volumes: Option<Arc<siesta_volume::Volumes>>,
+    ) -> anyhow::Result<Self> {
         let mut config = NodeConfig::from_env().map_err(anyhow::Error::msg)?;
         config.net_tag = "n".into();
         let node = Node::start(config).await?;
-        let manager = SandboxManager::ephemeral(node.clone())?;
+        let manager = SandboxManager::ephemeral_with_volumes(node.clone(), volumes)?;
         Ok(Self { node, manager })
     }
 

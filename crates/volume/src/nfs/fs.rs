@@ -17,8 +17,9 @@ use std::sync::Mutex;
 use async_trait::async_trait;
 use cap_std::fs::{Dir, Metadata, MetadataExt, OpenOptions, OpenOptionsExt};
 use nfsserve::nfs::{
-    cookieverf3, fattr3, fileid3, filename3, nfs_fh3, nfspath3, nfsstat3, sattr3, set_atime,
-    set_gid3, set_mode3, set_mtime, set_size3, set_uid3,
+    cookieverf3, fattr3, fileid3, filename3, fsinfo3, nfs_fh3, nfspath3, nfsstat3, nfstime3,
+    post_op_attr, sattr3, set_atime, set_gid3, set_mode3, set_mtime, set_size3, set_uid3,
+    FSF_CANSETTIME, FSF_HOMOGENEOUS, FSF_LINK, FSF_SYMLINK,
 };
 use nfsserve::vfs::{DirEntry, NFSFileSystem, ReadDirResult, VFSCapabilities};
 
@@ -411,6 +412,29 @@ impl NFSFileSystem for VolumeNfs {
             .read_link_contents(&path)
             .map_err(|e| status(&e))?;
         Ok(target.as_os_str().as_bytes().into())
+    }
+
+    /// As `nfsserve`'s default, but reads of 1 MiB preferred (its 124 KiB
+    /// made a guest's sequential reads a third as fast) and files up to
+    /// the volume's limit.
+    async fn fsinfo(&self, root: fileid3) -> NfsResult<fsinfo3> {
+        let attr = match self.getattr(root).await {
+            Ok(a) => post_op_attr::attributes(a),
+            Err(_) => post_op_attr::Void,
+        };
+        Ok(fsinfo3 {
+            obj_attributes: attr,
+            rtmax: 1 << 20,
+            rtpref: 1 << 20,
+            rtmult: 4096,
+            wtmax: 1 << 20,
+            wtpref: 1 << 20,
+            wtmult: 4096,
+            dtpref: 64 * 1024,
+            maxfilesize: self.limit,
+            time_delta: nfstime3 { seconds: 0, nseconds: 1 },
+            properties: FSF_LINK | FSF_SYMLINK | FSF_HOMOGENEOUS | FSF_CANSETTIME,
+        })
     }
 
     fn id_to_fh(&self, id: fileid3) -> nfs_fh3 {
