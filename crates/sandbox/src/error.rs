@@ -49,6 +49,12 @@ pub enum Error {
     #[error("guest agent of {id}: {detail}")]
     Agent { id: String, detail: String },
 
+    /// A pause that needs the guest's agent (`requireHealthyGuest`, or a
+    /// disk-only pause, which syncs the guest first) found it not
+    /// answering; the sandbox runs on.
+    #[error("sandbox {id} was not paused: its guest agent does not answer ({detail}); it keeps running, retry later or pause it keeping memory")]
+    GuestUnresponsive { id: String, detail: String },
+
     #[error("VMM for {id}: {source}")]
     Vmm {
         id: String,

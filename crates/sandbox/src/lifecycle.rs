@@ -20,6 +20,7 @@ use tokio::task::JoinHandle;
 use crate::error::{Error, Result};
 use crate::manager::SandboxManager;
 use crate::memory_save::SaveMemory;
+use crate::paused::PauseMode;
 use crate::sandbox::{OnTimeout, SandboxInfo, SandboxState};
 
 /// Timeout of a sandbox created or resumed without one (as E2B).
@@ -151,10 +152,14 @@ impl SandboxManager {
         let action = sb.record.lifecycle.on_timeout;
         tracing::info!(sandbox = %id, action = action.as_str(), "timeout");
         let done = match action {
-            OnTimeout::Pause => self
-                .pause_locked(&mut sb, SaveMemory::Changed)
-                .await
-                .map(drop),
+            OnTimeout::Pause => {
+                let mode = if sb.record.lifecycle.filesystem_only {
+                    PauseMode::DiskOnly
+                } else {
+                    PauseMode::Memory(SaveMemory::Changed)
+                };
+                self.pause_locked(&mut sb, mode).await.map(drop)
+            }
             OnTimeout::Kill => self.kill_locked(&mut sb).await,
         };
         if let Err(e) = done {

@@ -24,6 +24,7 @@ use crate::error::{Error, IoContext, Result};
 use crate::lifecycle::{deadline, Reaper};
 use crate::memory_save::{SaveMemory, SaveReport};
 use crate::node::Node;
+use crate::paused::PauseMode;
 use crate::pool::VmmPool;
 use crate::resume::{self, ResumeParams, Resumed};
 use crate::sandbox::{
@@ -367,7 +368,18 @@ impl SandboxManager {
     /// what was saved (`siesta bench pause` compares the two ways).
     pub async fn pause_with(&self, id: &str, how: SaveMemory) -> Result<SaveReport> {
         let mut sb = self.lock(id).await?;
-        self.pause_locked(&mut sb, how).await
+        self.pause_locked(&mut sb, PauseMode::Memory(how))
+            .await?
+            .ok_or_else(|| Error::Invalid(format!("the pause of {id} saved no memory")))
+    }
+
+    /// E2B's filesystem-only pause: the guest's file systems are synced and
+    /// only its disk is kept; processes are not. The resume is a cold boot.
+    pub async fn pause_disk_only(&self, id: &str) -> Result<()> {
+        let mut sb = self.lock(id).await?;
+        self.pause_locked(&mut sb, PauseMode::DiskOnly)
+            .await
+            .map(drop)
     }
 
     /// Brings a paused sandbox back with its files and processes, with the
@@ -377,7 +389,7 @@ impl SandboxManager {
         if sb.record.state != SandboxState::Paused {
             return Err(wrong_state(&sb, "paused"));
         }
-        self.resume_locked(&mut sb, None).await?;
+        self.resume_locked(&mut sb, None, false).await?;
         Ok(sb.info())
     }
 
@@ -389,6 +401,17 @@ impl SandboxManager {
         &self,
         id: &str,
         timeout_secs: Option<u64>,
+    ) -> Result<(SandboxInfo, bool)> {
+        self.connect_with(id, timeout_secs, false).await
+    }
+
+    /// [`SandboxManager::connect`]; with `reboot` (E2B's `memory: false`), a
+    /// paused sandbox comes back from its disk alone, by a cold boot.
+    pub async fn connect_with(
+        &self,
+        id: &str,
+        timeout_secs: Option<u64>,
+        reboot: bool,
     ) -> Result<(SandboxInfo, bool)> {
         let mut sb = self.lock(id).await?;
         match sb.record.state {
@@ -403,7 +426,7 @@ impl SandboxManager {
                 Ok((sb.info(), false))
             }
             SandboxState::Paused => {
-                self.resume_locked(&mut sb, timeout_secs).await?;
+                self.resume_locked(&mut sb, timeout_secs, reboot).await?;
                 Ok((sb.info(), true))
             }
             SandboxState::Dead => Err(wrong_state(&sb, "running or paused")),
@@ -465,7 +488,10 @@ impl SandboxManager {
             let mut sb = entry.lock_owned().await;
             finish_stopping(&mut sb).await;
             if self.persistent && sb.running.is_some() {
-                if let Err(e) = self.pause_locked(&mut sb, SaveMemory::Changed).await {
+                // Memory kept whatever the lifecycle says: a restart must
+                // not cost a sandbox its processes.
+                let keep = PauseMode::Memory(SaveMemory::Changed);
+                if let Err(e) = self.pause_locked(&mut sb, keep).await {
                     let reason = format!("could not be paused at server stop: {e}");
                     self.mark_dead(&mut sb, reason).await;
                 }
@@ -534,6 +560,7 @@ pub(crate) fn new_record(
         dead_reason: None,
         guest_defaults: template.record.defaults.guest.clone(),
         volume_mounts: req.volume_mounts.clone(),
+        paused_disk_only: false,
     }
 }
 

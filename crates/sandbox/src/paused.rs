@@ -40,6 +40,19 @@ use crate::template::Template;
 pub struct PausedMeta {
     pub sandbox: String,
     pub template: String,
+    /// Only the disk was kept (no `state.bin`): the resume cold-boots.
+    #[serde(default)]
+    pub disk_only: bool,
+}
+
+/// What a pause keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PauseMode {
+    /// Memory, devices and disk: every process goes on after the resume.
+    Memory(SaveMemory),
+    /// The disk only (E2B's filesystem-only pause): the guest's file
+    /// systems are synced first, and the resume is a cold boot.
+    DiskOnly,
 }
 
 /// The alias of sandbox `id`'s paused snapshot.
@@ -47,29 +60,22 @@ pub fn alias(id: &str) -> String {
     format!("sandbox:{id}")
 }
 
-/// Publishes the pause of sandbox `id`: `state` and `disk` are linked in
-/// (not moved: a failed publication must leave them whole). On error the
-/// repository holds nothing of it and both files are where they were. On
-/// success `state`'s own name is unlinked; the caller unlinks `disk` once
-/// the pause is committed.
+/// Publishes the pause of sandbox `id`: `state` (none for a disk-only
+/// pause) and `disk` are linked in (not moved: a failed publication must
+/// leave them whole). On error the repository holds nothing of it and both
+/// files are where they were. On success `state`'s own name is unlinked;
+/// the caller unlinks `disk` once the pause is committed.
 pub(crate) fn publish(
     repo: &Repository,
     template: &Template,
     id: &str,
-    state: &Path,
-    state_sha256: Option<String>,
+    state: Option<(&Path, Option<String>)>,
     disk: &Path,
 ) -> Result<SnapshotRecord> {
     let meta = PausedMeta {
         sandbox: id.to_string(),
         template: template.record.name.clone(),
-    };
-    // The state's digest goes into the record: QEMU would load damaged
-    // pages without noticing, so every resume checks it first. A
-    // changed-pages save hashed the file as it wrote it.
-    let state_sha = match state_sha256 {
-        Some(sha) => sha,
-        None => siesta_snapshot::repo::sha256_file(state)?,
+        disk_only: state.is_none(),
     };
     let file = |role: &str, source: &Path, placement, sha256| PublishFile {
         role: role.to_string(),
@@ -77,16 +83,24 @@ pub(crate) fn publish(
         placement,
         sha256,
     };
+    let mut files = vec![file(DISK, disk, Placement::LocalLink, None)];
+    if let Some((state, state_sha256)) = &state {
+        // The state's digest goes into the record: QEMU would load damaged
+        // pages without noticing, so every resume checks it first. A
+        // changed-pages save hashed the file as it wrote it.
+        let state_sha = match state_sha256 {
+            Some(sha) => sha.clone(),
+            None => siesta_snapshot::repo::sha256_file(state)?,
+        };
+        files.insert(0, file(STATE, state, Placement::LocalLink, Some(state_sha)));
+    }
     let (parent, memory) = template.shared_memory().unzip();
     let record = repo.publish(PublishRequest {
         id: new_id("paused"),
         kind: SnapshotKind::Paused,
         parent,
         guest_memory_size: template.record.memory.size,
-        files: vec![
-            file(STATE, state, Placement::LocalLink, Some(state_sha)),
-            file(DISK, disk, Placement::LocalLink, None),
-        ],
+        files,
         existing: memory
             .map(|m| (MEMORY.to_string(), m))
             .into_iter()
@@ -94,7 +108,9 @@ pub(crate) fn publish(
         aliases: vec![alias(id)],
         meta: serde_json::to_value(&meta).map_err(|e| Error::Invalid(e.to_string()))?,
     })?;
-    let _ = std::fs::remove_file(state);
+    if let Some((state, _)) = state {
+        let _ = std::fs::remove_file(state);
+    }
     Ok(record)
 }
 
@@ -163,11 +179,12 @@ impl SandboxManager {
     pub(crate) async fn pause_locked(
         &self,
         sb: &mut Sandbox,
-        how: SaveMemory,
-    ) -> Result<SaveReport> {
+        mode: PauseMode,
+    ) -> Result<Option<SaveReport>> {
         let id = sb.record.id.clone();
         let state_path = sb.state_path();
         let disk = sb.disk_path();
+        let token = sb.record.access_token.clone();
         let template = Template::open(&self.node.config.layout(), &sb.record.template)?;
         let repo = self.repo()?;
         let Some(running) = sb.running.as_mut() else {
@@ -175,23 +192,35 @@ impl SandboxManager {
         };
         let vmm_err = |source| Error::vmm(id.clone(), source);
         let t0 = std::time::Instant::now();
+        if mode == PauseMode::DiskOnly {
+            sync_guest(&id, running.agent_addr, token).await?;
+        }
+        // Stopping the vCPUs also drains and flushes the disk.
         running.vm.pause().await.map_err(vmm_err)?;
-        let saved = match memory_save::save(running.vm.as_mut(), &template, &state_path, how).await
-        {
-            Ok(report) => {
-                // Hashing, fsyncs and renames: off the async threads.
-                let (repo, template, id) = (repo.clone(), template.clone(), id.clone());
-                let (state, disk) = (state_path.clone(), disk.clone());
-                let sha = report.sha256.clone();
+        let publish_with = |state: Option<(std::path::PathBuf, Option<String>)>| {
+            // Hashing, fsyncs and renames: off the async threads.
+            let (repo, template, id, disk) =
+                (repo.clone(), template.clone(), id.clone(), disk.clone());
+            async move {
                 tokio::task::spawn_blocking(move || {
-                    publish(&repo, &template, &id, &state, sha, &disk)
+                    let state = state.as_ref().map(|(p, sha)| (p.as_path(), sha.clone()));
+                    publish(&repo, &template, &id, state, &disk)
                 })
                 .await
                 .map_err(|e| Error::Invalid(format!("publishing the pause: {e}")))
                 .and_then(|published| published)
-                .map(|s| (s, report))
             }
-            Err(e) => Err(vmm_err(e)),
+        };
+        let saved = match mode {
+            PauseMode::Memory(how) => {
+                match memory_save::save(running.vm.as_mut(), &template, &state_path, how).await {
+                    Ok(report) => publish_with(Some((state_path.clone(), report.sha256.clone())))
+                        .await
+                        .map(|s| (s, Some(report))),
+                    Err(e) => Err(vmm_err(e)),
+                }
+            }
+            PauseMode::DiskOnly => publish_with(None).await.map(|s| (s, None)),
         };
         let t_published = t0.elapsed();
         let (snapshot, report) = match saved {
@@ -209,6 +238,7 @@ impl SandboxManager {
         sb.record.state = SandboxState::Paused;
         sb.record.agent_addr = None;
         sb.record.vmm_pid = None;
+        sb.record.paused_disk_only = mode == PauseMode::DiskOnly;
         if let Err(e) = self.store.put(&sb.record) {
             // Not paused as far as anyone will know: back to running.
             sb.record = before;
@@ -227,20 +257,29 @@ impl SandboxManager {
         // From here on the repository's copy is the disk.
         drop_link(&repo, &snapshot, &disk)?;
         let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
-        tracing::info!(sandbox = %id, memory = ?report.memory, state_bytes = report.state_bytes,
-            save_ms = ms(report.save), write_ms = ms(report.write), sync_ms = ms(report.sync),
-            published_ms = ms(t_published),
-            committed_ms = ms(t_committed), total_ms = ms(t0.elapsed()), "paused");
+        match &report {
+            Some(r) => {
+                tracing::info!(sandbox = %id, memory = ?r.memory, state_bytes = r.state_bytes,
+                save_ms = ms(r.save), write_ms = ms(r.write), sync_ms = ms(r.sync),
+                published_ms = ms(t_published),
+                committed_ms = ms(t_committed), total_ms = ms(t0.elapsed()), "paused")
+            }
+            None => tracing::info!(sandbox = %id, published_ms = ms(t_published),
+                committed_ms = ms(t_committed), total_ms = ms(t0.elapsed()), "paused (disk only)"),
+        }
         Ok(report)
     }
 
     /// Consumes the sandbox's paused snapshot: takes its disk back, resumes
     /// from its state and deletes it once the row says running. On failure
-    /// the disk goes back and the sandbox stays paused.
+    /// the disk goes back and the sandbox stays paused. A disk-only pause,
+    /// or `reboot`, comes back by a cold boot from the disk instead (what
+    /// was only in memory is gone, as after a reboot).
     pub(crate) async fn resume_locked(
         &self,
         sb: &mut Sandbox,
         timeout_secs: Option<u64>,
+        reboot: bool,
     ) -> Result<()> {
         self.check_open()?;
         let timeout = deadline(timeout_secs)?;
@@ -250,21 +289,23 @@ impl SandboxManager {
         // The pause's VMM holds the disk's image lock until it exits.
         finish_stopping(sb).await;
         let snapshot = for_resume(&repo, &id)?;
-        let state = verified_state(&repo, &snapshot).await?;
-        let memory = memory_of(&repo, &snapshot, &template)?;
+        let saved = if reboot || !snapshot.files.contains_key(STATE) {
+            None
+        } else {
+            let state = verified_state(&repo, &snapshot).await?;
+            let memory = memory_of(&repo, &snapshot, &template)?;
+            Some(SavedState { state, memory })
+        };
         let disk = sb.disk_path();
         repo.take_file(&snapshot.id, DISK, &disk)?;
         let params = self.resume_params(&sb.record);
-        let resumed = match resume::from_saved(
-            &self.node,
-            &template,
-            &id,
-            &sb.dir,
-            SavedState { state, memory },
-            &params,
-        )
-        .await
-        {
+        let resumed = match saved {
+            Some(saved) => {
+                resume::from_saved(&self.node, &template, &id, &sb.dir, saved, &params).await
+            }
+            None => resume::cold_boot(&self.node, &template, &id, &sb.dir, &params).await,
+        };
+        let resumed = match resumed {
             Ok(r) => r,
             Err(e) => {
                 give_back_disk(&repo, &snapshot.id, &disk, &id);
@@ -273,6 +314,7 @@ impl SandboxManager {
         };
         let before = sb.record.clone();
         set_running(sb, running(resumed), timeout);
+        sb.record.paused_disk_only = false;
         if let Err(e) = self.store.put(&sb.record) {
             stop_running(&self.node, sb).await;
             sb.record = before;
@@ -335,6 +377,29 @@ pub(crate) fn memory_of(
     } else {
         Ok(template.memory.clone())
     }
+}
+
+/// Has the guest write its file systems' dirty pages to its disk before a
+/// disk-only pause: what is only in its page cache would be lost. A guest
+/// whose agent does not answer is not paused (as in E2B, a filesystem-only
+/// pause needs a responding agent).
+async fn sync_guest(id: &str, agent: std::net::SocketAddr, token: String) -> Result<()> {
+    let client = crate::envd::EnvdClient::new(id, agent, Some(token));
+    let synced = tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        client.exec("sync", Some("root"), |_, _| {}),
+    )
+    .await;
+    let detail = match synced {
+        Ok(Ok(out)) if out.exit_code == 0 => return Ok(()),
+        Ok(Ok(out)) => format!("`sync` exited {}", out.exit_code),
+        Ok(Err(e)) => format!("`sync`: {e}"),
+        Err(_) => "`sync` took over 30 s".to_string(),
+    };
+    Err(Error::GuestUnresponsive {
+        id: id.to_string(),
+        detail,
+    })
 }
 
 /// Returns a resume's disk to the paused snapshot it was taken from.

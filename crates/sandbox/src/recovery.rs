@@ -290,6 +290,7 @@ mod tests {
             dead_reason: None,
             guest_defaults: Default::default(),
             volume_mounts: Vec::new(),
+            paused_disk_only: false,
         }
     }
 

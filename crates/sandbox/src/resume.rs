@@ -12,6 +12,12 @@
 //! | `guest_health`     | wait for the agent's `/health`          | same                               |
 //! | `agent_init`       | `POST /init`: clock, entropy, env, token| same                               |
 //!
+//! A sandbox paused with its disk only (E2B's filesystem-only pause), or
+//! resumed with a reboot, comes back by [`cold_boot`] instead: one
+//! `cold_boot` stage (spawn, boot the template's kernel over the sandbox's
+//! disk, wait for the agent) and then `network_setup`, `guest_health` and
+//! `agent_init` as above.
+//!
 //! Beside them, in the background, `memory_prefetch` reads the template's
 //! startup manifest pages of the memory file into the page cache from the
 //! start of the resume; it is let go of when the agent is initialised
@@ -35,7 +41,7 @@ use crate::memory_prefetch::finish_at_ready;
 use crate::node::Node;
 use crate::pool::{incoming_spec, PooledVm, VmmPool};
 use crate::stages::{Stage, StageClock, StageTimings};
-use crate::template::Template;
+use crate::template::{boot_spec, boot_until_healthy, Template, VmSize};
 use crate::volumes::{start_exports, Exports, VolumeMount};
 use siesta_volume::Volumes;
 
@@ -184,22 +190,8 @@ async fn finish(
     prefetch: Option<siesta_snapshot::PrefetchHandle>,
 ) -> Result<Resumed> {
     let id = guard.id.clone();
-    let vmm_err = |source| Error::vmm(id.clone(), source);
-    let policy = clock
-        .time(
-            Stage::NetworkSetup,
-            guard.slot().apply_policy(&params.egress),
-        )
-        .await;
-    if let Err(source) = policy {
-        let id = id.clone();
-        return Err(guard.fail(Error::Net { id, source }).await);
-    }
-    // Served before the guest runs: a resumed guest's NFS client
-    // reconnects at once.
-    match start_exports(&id, params.volumes.as_ref(), guard.slot(), &params.mounts) {
-        Ok(exports) => guard.exports = exports,
-        Err(e) => return Err(guard.fail(e).await),
+    if let Err(e) = prepare_slot(&mut clock, &mut guard, params).await {
+        return Err(guard.fail(e).await);
     }
     let loaded = clock
         .time(Stage::SnapshotLoad, guard.vm().restore(state))
@@ -208,35 +200,114 @@ async fn finish(
         return Err(guard.fail(load_error(e, state, &id)).await);
     }
     if let Err(e) = clock.time(Stage::Resume, guard.vm().resume()).await {
-        return Err(guard.fail(vmm_err(e)).await);
+        return Err(guard.fail(Error::vmm(id.clone(), e)).await);
     }
-    let client = node.envd_client(&id, guard.slot(), params.guest_token.clone());
-    let healthy = clock
-        .time(
-            Stage::GuestHealth,
-            client.wait_healthy(node.config.resume_ready_timeout),
-        )
-        .await;
-    let ready = match healthy {
-        Ok(_) => {
-            clock
-                .time(Stage::AgentInit, client.init(&params.init))
-                .await
-        }
-        Err(e) => Err(e),
-    };
+    let ready = initialise(node, &mut clock, &guard, params).await;
     // Ready (or failed): the prefetch is accounted for and let go of;
     // dropping the last claim cancels what it has not read yet.
     finish_at_ready(&mut clock, prefetch);
     if let Err(e) = ready {
         return Err(guard.fail(e).await);
     }
+    Ok(done(guard, clock, dir))
+}
+
+/// Boots sandbox `id` afresh from the disk in `dir` (after a
+/// filesystem-only pause, or a resume asked to reboot): the template's
+/// kernel and initramfs, new RAM, then the same policy, volumes and
+/// `/init` as a resume. Its boot is the `cold_boot` stage.
+pub async fn cold_boot(
+    node: &Arc<Node>,
+    template: &Template,
+    id: &str,
+    dir: &Path,
+    params: &ResumeParams,
+) -> Result<Resumed> {
+    let mut clock = StageClock::start();
+    let run_dir = dir.join("run");
+    let size = VmSize {
+        vcpus: template.record.vcpus,
+        memory_mib: template.record.memory_mib,
+    };
+    let mut spec = boot_spec(
+        node,
+        id,
+        dir,
+        size,
+        run_dir.join("memory.img"),
+        dir.join(crate::sandbox::DISK_FILE),
+        siesta_vmm::DiskFormat::Qcow2,
+    );
+    // Its own RAM, zero at boot: private, so a later pause saves it.
+    spec.memory.shared = false;
+    let ((vm, slot), _) = clock
+        .time(Stage::ColdBoot, boot_until_healthy(node, spec))
+        .await?;
+    let mut guard = Cleanup::new(node, id.to_string(), vm, slot, run_dir);
+    if let Err(e) = prepare_slot(&mut clock, &mut guard, params).await {
+        return Err(guard.fail(e).await);
+    }
+    // A fresh agent holds no token yet.
+    let fresh = ResumeParams {
+        guest_token: None,
+        ..params.clone()
+    };
+    if let Err(e) = initialise(node, &mut clock, &guard, &fresh).await {
+        return Err(guard.fail(e).await);
+    }
+    Ok(done(guard, clock, dir.to_path_buf()))
+}
+
+/// The slot's egress policy, then the volumes' exports (served before the
+/// guest runs, so a resumed guest's NFS client reconnects at once).
+async fn prepare_slot(
+    clock: &mut StageClock,
+    guard: &mut Cleanup<'_>,
+    params: &ResumeParams,
+) -> Result<()> {
+    let id = guard.id.clone();
+    clock
+        .time(
+            Stage::NetworkSetup,
+            guard.slot().apply_policy(&params.egress),
+        )
+        .await
+        .map_err(|source| Error::Net {
+            id: id.clone(),
+            source,
+        })?;
+    guard.exports = start_exports(&id, params.volumes.as_ref(), guard.slot(), &params.mounts)?;
+    Ok(())
+}
+
+/// Waits for the agent, then `/init` (which also mounts the volumes).
+async fn initialise(
+    node: &Arc<Node>,
+    clock: &mut StageClock,
+    guard: &Cleanup<'_>,
+    params: &ResumeParams,
+) -> Result<()> {
+    let client = node.envd_client(&guard.id, guard.slot(), params.guest_token.clone());
+    clock
+        .time(
+            Stage::GuestHealth,
+            client.wait_healthy(node.config.resume_ready_timeout),
+        )
+        .await?;
+    clock
+        .time(Stage::AgentInit, client.init(&params.init))
+        .await
+}
+
+/// The resumed VM, handed over by its guard.
+fn done(mut guard: Cleanup<'_>, clock: StageClock, dir: PathBuf) -> Resumed {
+    let id = guard.id.clone();
     let timings = clock.finish();
     tracing::info!(sandbox = %id, "resumed: {}", timings.summary());
     let exports = std::mem::take(&mut guard.exports);
     let (vm, slot, _) = guard.disarm();
     let run_dir = dir.join("run");
-    Ok(Resumed {
+    Resumed {
         id,
         dir,
         vm,
@@ -244,7 +315,7 @@ async fn finish(
         exports,
         run_dir,
         timings,
-    })
+    }
 }
 
 /// A state file the VMM could not load is named in the error: it is most

@@ -97,6 +97,10 @@ pub struct Lifecycle {
     pub on_timeout: OnTimeout,
     /// Whether traffic to a paused sandbox resumes it.
     pub auto_resume: bool,
+    /// A timeout's pause keeps only the disk (E2B's `autoPauseMemory:
+    /// false`): the resume cold-boots.
+    #[serde(default)]
+    pub filesystem_only: bool,
 }
 
 /// Everything kept about a sandbox: one row of the store, and what callers
@@ -142,6 +146,10 @@ pub struct SandboxRecord {
     /// its forks and to sandboxes made from its snapshots.
     #[serde(default)]
     pub volume_mounts: Vec<crate::volumes::VolumeMount>,
+    /// Paused with its disk only: the resume is a cold boot, and traffic
+    /// does not resume it.
+    #[serde(default)]
+    pub paused_disk_only: bool,
 }
 
 /// Who a guest's commands run as, and where, when a request names neither.

@@ -30,6 +30,10 @@ pub enum Stage {
     GuestHealth,
     /// `POST /init`: clock, entropy, environment, access token.
     AgentInit,
+    /// Booting the template's kernel over the sandbox's disk instead of
+    /// loading a snapshot (a filesystem-only pause's resume): spawn, boot,
+    /// first `/health`.
+    ColdBoot,
     /// Reading the startup manifest's pages of the memory file into the page
     /// cache. Runs in the background, concurrently with the stages above
     /// (never on the critical path), so it is recorded apart from them: see
@@ -38,7 +42,8 @@ pub enum Stage {
 }
 
 impl Stage {
-    pub const ALL: [Stage; 8] = [
+    pub const ALL: [Stage; 9] = [
+        Stage::ColdBoot,
         Stage::VmmPoolAcquire,
         Stage::RootfsBind,
         Stage::NetworkSetup,
@@ -60,6 +65,7 @@ impl Stage {
             Stage::Resume => "resume",
             Stage::GuestHealth => "guest_health",
             Stage::AgentInit => "agent_init",
+            Stage::ColdBoot => "cold_boot",
             Stage::MemoryPrefetch => "memory_prefetch",
         }
     }
@@ -108,9 +114,13 @@ impl StageTimings {
 
     /// Host-side time: everything but the guest's own execution, i.e. the
     /// total less `guest_health` and `agent_init` (both are the guest running
-    /// its kernel and agent; the host only waits on a socket).
+    /// its kernel and agent; the host only waits on a socket), and less a
+    /// `cold_boot` (mostly the guest booting).
     pub fn host_side_ms(&self) -> f64 {
-        self.total_ms - self.get(Stage::GuestHealth) - self.get(Stage::AgentInit)
+        self.total_ms
+            - self.get(Stage::GuestHealth)
+            - self.get(Stage::AgentInit)
+            - self.get(Stage::ColdBoot)
     }
 
     /// The background timing of `stage`, if it ran.

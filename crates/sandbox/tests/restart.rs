@@ -131,6 +131,7 @@ async fn scenario(home: &Path) {
         lifecycle: Lifecycle {
             on_timeout,
             auto_resume: false,
+            filesystem_only: false,
         },
         ..Default::default()
     };

@@ -49,6 +49,8 @@ impl From<Error> for ApiError {
                 return err;
             }
             Error::Incompatible { .. } => StatusCode::CONFLICT,
+            // The SDK's ServiceBusyException: the sandbox runs on.
+            Error::GuestUnresponsive { .. } => StatusCode::SERVICE_UNAVAILABLE,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
         Self::new(status, e.to_string())

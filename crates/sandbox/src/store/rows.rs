@@ -16,7 +16,7 @@ use crate::sandbox::{Lifecycle, SandboxRecord};
 pub(super) const COLUMNS: &str = "id, template, state, created_us, started_us, end_us, \
      access_token, env_vars, allow_internet, cpu_count, memory_mb, disk_size_mb, \
      on_timeout, auto_resume, agent_addr, vmm_pid, timings, dead_reason, guest_defaults, \
-     egress_rules, traffic_token, volume_mounts";
+     egress_rules, traffic_token, volume_mounts, pause_filesystem_only, paused_disk_only";
 
 impl Store {
     /// Inserts or replaces `rec` and its metadata, atomically.
@@ -109,7 +109,7 @@ fn upsert(conn: &Connection, r: &SandboxRecord) -> rusqlite::Result<usize> {
     conn.execute(
         &format!(
             "INSERT OR REPLACE INTO sandboxes ({COLUMNS}) VALUES \
-             (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22)"
+             (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24)"
         ),
         params![
             r.id,
@@ -134,6 +134,8 @@ fn upsert(conn: &Connection, r: &SandboxRecord) -> rusqlite::Result<usize> {
             egress_rules,
             r.traffic_token,
             volume_mounts,
+            r.lifecycle.filesystem_only,
+            r.paused_disk_only,
         ],
     )
 }
@@ -223,6 +225,7 @@ pub(super) fn from_row(row: &Row) -> rusqlite::Result<SandboxRecord> {
         lifecycle: Lifecycle {
             on_timeout: parsed(row, 12)?,
             auto_resume: row.get(13)?,
+            filesystem_only: row.get::<_, Option<bool>>(22)?.unwrap_or(false),
         },
         agent_addr,
         vmm_pid: row.get(15)?,
@@ -231,6 +234,7 @@ pub(super) fn from_row(row: &Row) -> rusqlite::Result<SandboxRecord> {
         guest_defaults: json(row, 18)?.unwrap_or_default(),
         traffic_token: row.get(20)?,
         volume_mounts: json(row, 21)?.unwrap_or_default(),
+        paused_disk_only: row.get::<_, Option<bool>>(23)?.unwrap_or(false),
         metadata: HashMap::new(),
     })
 }

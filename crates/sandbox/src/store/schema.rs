@@ -60,6 +60,10 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX idempotency_keys_by_age ON idempotency_keys (created_us);",
     // 6: volume mounts (JSON array of `VolumeMount`; NULL is none).
     "ALTER TABLE sandboxes ADD COLUMN volume_mounts TEXT;",
+    // 7: filesystem-only pauses: the lifecycle's choice for timeouts, and
+    // whether the present pause kept only the disk (NULL: no).
+    "ALTER TABLE sandboxes ADD COLUMN pause_filesystem_only INTEGER;
+     ALTER TABLE sandboxes ADD COLUMN paused_disk_only INTEGER;",
 ];
 
 /// The version this build creates and understands.

@@ -45,6 +45,7 @@ fn rec(id: &str, started: i64, state: SandboxState, meta: &[(&str, &str)]) -> Sa
             name: "data".into(),
             path: "/mnt/data".into(),
         }],
+        paused_disk_only: true,
     }
 }
 
@@ -86,6 +87,7 @@ fn a_record_round_trips_with_every_field() {
     r.lifecycle = Lifecycle {
         on_timeout: OnTimeout::Kill,
         auto_resume: true,
+        filesystem_only: true,
     };
     r.end_at += Duration::microseconds(7);
     r.egress = siesta_net::EgressPolicy {

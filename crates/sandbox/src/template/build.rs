@@ -112,7 +112,7 @@ fn check_assets(node: &Node, image: &str) -> Result<PathBuf> {
 
 /// The size of a VM: vCPUs and memory in MiB.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct VmSize {
+pub(crate) struct VmSize {
     pub vcpus: u32,
     pub memory_mib: u32,
 }
@@ -126,7 +126,7 @@ impl VmSize {
     }
 }
 
-pub(super) fn boot_spec(
+pub(crate) fn boot_spec(
     node: &Node,
     id: &str,
     dir: &Path,
@@ -165,7 +165,7 @@ pub(super) type Booted = (Box<dyn VmInstance>, siesta_net::Slot);
 
 /// Takes a slot, spawns and boots `spec` there and waits for the agent.
 /// On failure nothing is left running.
-pub(super) async fn boot_until_healthy(node: &Node, mut spec: LaunchSpec) -> Result<(Booted, f64)> {
+pub(crate) async fn boot_until_healthy(node: &Node, mut spec: LaunchSpec) -> Result<(Booted, f64)> {
     let id = spec.id.clone();
     let slot = node.acquire_slot(&id).await?;
     spec.net = Some(node.net_spec(&slot));

@@ -14,6 +14,7 @@ mod step_cache;
 pub mod steps;
 pub mod tags;
 
+pub(crate) use build::{boot_spec, boot_until_healthy, VmSize};
 pub use build::{build_template, cold_boot, BuildOptions};
 pub use derive::{build_from_steps, BuildLog, BuildPhase, LogLevel};
 pub use from_image::DEFAULT_FREE_MIB;

@@ -77,7 +77,10 @@ impl SandboxTargets for ManagerTargets {
             if info.state == SandboxState::Dead {
                 return Err(TargetError::Dead { id: id.to_string() });
             }
-            if info.state == SandboxState::Paused && !info.lifecycle.auto_resume {
+            // A disk-only pause comes back by a cold boot, which only an
+            // explicit connect asks for (as in E2B).
+            let auto = info.lifecycle.auto_resume && !info.paused_disk_only;
+            if info.state == SandboxState::Paused && !auto {
                 return Err(TargetError::Paused { id: id.to_string() });
             }
             if info.state == SandboxState::Paused {

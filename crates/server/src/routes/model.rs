@@ -60,7 +60,7 @@ pub fn detail(info: &SandboxInfo, domain: Option<&str>) -> Value {
                 OnTimeout::Kill => "kill",
             },
         },
-        "pauseMode": "full",
+        "pauseMode": if info.lifecycle.filesystem_only { "filesystem" } else { "full" },
         "agentAddress": info.agent_addr.map(|a| a.to_string()),
         "timings": info.timings,
     });

@@ -71,6 +71,8 @@ impl NewSandbox {
         Lifecycle {
             on_timeout,
             auto_resume,
+            // E2B's `autoPauseMemory: false`: a timeout pauses the disk only.
+            filesystem_only: self.auto_pause_memory == Some(false),
         }
     }
 }
@@ -114,7 +116,6 @@ pub async fn create(
             ApiError::new(StatusCode::BAD_REQUEST, "Idempotency-Key is not ASCII text")
         })?),
     };
-    unsupported::memory_kept(req.auto_pause_memory, "autoPauseMemory")?;
     unsupported::unset("iam", req.iam.as_ref())?;
     let lifecycle = req.lifecycle();
     let template = untagged(&st, &req.template_id)?;
@@ -212,13 +213,16 @@ pub async fn kill(
 #[derive(Deserialize, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct PauseBody {
-    /// `false` (filesystem only) is refused; a pause keeps memory.
+    /// `false`: keep only the disk (filesystem-only pause; the resume
+    /// cold-boots).
     memory: Option<bool>,
-    // Accepted: a pause here needs no healthy guest, it saves the VM as
-    // it is.
-    #[allow(dead_code)]
+    /// Refuse the pause (503, the SDK's ServiceBusyException; the sandbox
+    /// runs on) when the guest's agent does not answer (the SDK's `strict`).
     require_healthy_guest: Option<bool>,
 }
+
+/// How long `requireHealthyGuest` waits for the agent's `/health`.
+const HEALTHY_GUEST_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// `{"memory"?, "requireHealthyGuest"?}`; 409 when already paused.
 pub async fn pause(
@@ -227,8 +231,25 @@ pub async fn pause(
     raw: Bytes,
 ) -> Result<StatusCode, ApiError> {
     let req: PauseBody = optional_body(&raw)?;
-    unsupported::memory_kept(req.memory, "pause")?;
-    let paused = st.manager.pause(&id).await;
+    if req.require_healthy_guest == Some(true) {
+        let healthy = st
+            .manager
+            .envd(&id)
+            .await?
+            .wait_healthy(HEALTHY_GUEST_WAIT)
+            .await;
+        if let Err(e) = healthy {
+            return Err(siesta_sandbox::Error::GuestUnresponsive {
+                id,
+                detail: e.to_string(),
+            }
+            .into());
+        }
+    }
+    let paused = match req.memory {
+        Some(false) => st.manager.pause_disk_only(&id).await,
+        _ => st.manager.pause(&id).await,
+    };
     st.metrics.observe_pause(&paused);
     paused?;
     Ok(StatusCode::NO_CONTENT)
@@ -237,7 +258,8 @@ pub async fn pause(
 #[derive(Deserialize, Default)]
 pub struct ConnectBody {
     timeout: Option<u64>,
-    /// `false` (reboot from the disk) is refused.
+    /// `false`: a paused sandbox comes back from its disk alone (a cold
+    /// boot; E2B's `on_resume="reboot"`).
     memory: Option<bool>,
 }
 
@@ -249,8 +271,8 @@ pub async fn connect(
     raw: Bytes,
 ) -> Result<Response, ApiError> {
     let req: ConnectBody = optional_body(&raw)?;
-    unsupported::memory_kept(req.memory, "connect")?;
-    let connected = st.manager.connect(&id, req.timeout).await;
+    let reboot = req.memory == Some(false);
+    let connected = st.manager.connect_with(&id, req.timeout, reboot).await;
     if let Ok((info, true)) = &connected {
         st.metrics.observe_resume("resume", &Ok(info.clone()));
     } else if let Err(e) = &connected {

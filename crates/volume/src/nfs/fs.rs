@@ -432,7 +432,10 @@ impl NFSFileSystem for VolumeNfs {
             wtmult: 4096,
             dtpref: 64 * 1024,
             maxfilesize: self.limit,
-            time_delta: nfstime3 { seconds: 0, nseconds: 1 },
+            time_delta: nfstime3 {
+                seconds: 0,
+                nseconds: 1,
+            },
             properties: FSF_LINK | FSF_SYMLINK | FSF_HOMOGENEOUS | FSF_CANSETTIME,
         })
     }
