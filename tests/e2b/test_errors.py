@@ -63,21 +63,22 @@ def test_a_mount_of_a_missing_volume_is_refused_rather_than_ignored(siesta):
 
 
 def test_options_not_supported_yet_are_refused_by_name(api, sbx):
-    """Filesystem-only pause, snapshot and reboot-on-connect, and `iam`,
-    are 400s naming the field, never accepted and done otherwise;
-    the defaults the SDK sends stay accepted (the fixture's sandbox was
-    created by the SDK)."""
+    """A filesystem-only snapshot, `iam` and storing a secret are 400s
+    naming what is not supported, never accepted and done otherwise; the
+    defaults the SDK sends stay accepted (the fixture's sandbox was created
+    by the SDK). Filesystem-only pause is supported (test_filesystem_pause)."""
     sid = sbx.sandbox_id
     cases = [
-        ("/v2/sandboxes", {"templateID": "base", "autoPauseMemory": False}, "autoPauseMemory"),
         ("/v2/sandboxes", {"templateID": "base", "iam": {"tokens": {"a": {}}}}, "iam is not supported"),
-        (f"/sandboxes/{sid}/pause", {"memory": False}, "pause: memory=false"),
-        (f"/v2/sandboxes/{sid}/connect", {"timeout": 60, "memory": False}, "connect: memory=false"),
         (f"/sandboxes/{sid}/snapshots", {"memory": False}, "snapshot: memory=false"),
+        ("/secrets", {"name": "token", "value": "s3cr3t"}, "secrets are not supported"),
     ]
     for path, body, says in cases:
         r = api.post(path, json=body)
         assert r.status_code == 400, (path, r.text)
         assert says in r.json()["message"], (path, r.text)
+    assert api.get("/secrets").json() == []
+    r = api.get("/secrets/anything")
+    assert r.status_code == 404 and "stores no secrets" in r.json()["message"]
     assert sbx.is_running()
     assert sbx.commands.run("echo still").stdout.strip() == "still"

@@ -149,3 +149,16 @@ def test_refresh_extends_a_running_sandbox_only(api, siesta):
         assert api.post(f"/sandboxes/{box.sandbox_id}/refreshes", json={}).status_code == 409
     finally:
         Sandbox.kill(box.sandbox_id)
+
+
+def test_metrics_of_several_sandboxes_at_once(api, sbx, pair):
+    """`GET /sandboxes/metrics?sandbox_ids=`: the latest sample of each
+    (taken now for running ones); unknown ids are left out."""
+    _, (running, paused) = pair
+    ids = ",".join([sbx.sandbox_id, running.sandbox_id, paused.sandbox_id, "nope"])
+    r = api.get("/sandboxes/metrics", params={"sandbox_ids": ids})
+    assert r.status_code == 200, r.text
+    got = r.json()["sandboxes"]
+    assert {sbx.sandbox_id, running.sandbox_id} <= set(got) and "nope" not in got
+    assert all(m["memTotal"] > 0 and m["cpuCount"] >= 1 for m in got.values())
+    assert api.get("/sandboxes/metrics").status_code == 400

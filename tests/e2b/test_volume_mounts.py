@@ -181,3 +181,4 @@ def test_exports_are_reachable_only_from_their_own_sandbox(volume, written):
     finally:
         Sandbox.kill(plain.sandbox_id)
         Sandbox.kill(mounted.sandbox_id)
+

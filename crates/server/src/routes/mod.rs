@@ -2,7 +2,8 @@
 //!
 //! | file | endpoints |
 //! |---|---|
-//! | `sandboxes.rs` | create, list, get, kill, pause, connect/resume, timeout, metrics |
+//! | `sandboxes.rs` | create, list, get, kill, pause, connect/resume, timeout |
+//! | `metrics.rs` | a sandbox's metrics over time, the latest of several |
 //! | `snapshots.rs` | snapshots of running sandboxes (create, list, delete), fork |
 //! | `templates.rs` | templates list, the `Template` model |
 //! | `template_tags.rs` | template tags: assign, remove, list |
@@ -14,6 +15,7 @@
 //! | `query.rs` | the list query string (double-encoded metadata, comma states) |
 
 mod logs;
+mod metrics;
 mod model;
 mod network;
 mod node;
@@ -75,7 +77,8 @@ pub fn router(state: AppState) -> Router {
         .route("/sandboxes/{id}/resume", post(sandboxes::connect))
         .route("/sandboxes/{id}/timeout", post(sandboxes::set_timeout))
         .route("/sandboxes/{id}/network", put(sandboxes::set_network))
-        .route("/sandboxes/{id}/metrics", get(sandboxes::metrics))
+        .route("/sandboxes/{id}/metrics", get(metrics::one))
+        .route("/sandboxes/metrics", get(metrics::many))
         .route("/sandboxes/{id}/logs", get(logs::v1))
         .route("/v2/sandboxes/{id}/logs", get(logs::v2))
         .route("/sandboxes/{id}/refreshes", post(sandboxes::refresh))
@@ -94,6 +97,16 @@ pub fn router(state: AppState) -> Router {
             post(template_tags::assign).delete(template_tags::remove),
         )
         .route("/templates/{id}/tags", get(template_tags::list))
+        .route(
+            "/secrets",
+            get(unsupported::secrets_list).post(unsupported::secrets_store),
+        )
+        .route(
+            "/secrets/{id}",
+            get(unsupported::secret_missing)
+                .post(unsupported::secret_missing)
+                .delete(unsupported::secret_missing),
+        )
         .route("/volumes", post(volumes::create).get(volumes::list))
         .route("/volumes/{id}", get(volumes::get).delete(volumes::delete))
         .route("/templates/{id}/files/{hash}", get(template_builds::files))

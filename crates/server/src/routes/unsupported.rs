@@ -9,16 +9,35 @@ use serde_json::Value;
 
 use crate::error::ApiError;
 
-/// `memory: false` (a filesystem-only pause, snapshot or reboot-on-resume
-/// connect) in the body of `what`.
+/// `memory: false` (a filesystem-only snapshot) in the body of `what`.
 pub fn memory_kept(memory: Option<bool>, what: &str) -> Result<(), ApiError> {
     if memory == Some(false) {
         return Err(refuse(&format!(
-            "{what}: memory=false (filesystem only) is not supported yet: this server always \
-             keeps memory and running processes; leave it unset"
+            "{what}: memory=false (filesystem only) is not supported yet: snapshots here keep \
+             memory and running processes; leave it unset (a pause can be filesystem-only)"
         )));
     }
     Ok(())
+}
+
+/// E2B's secrets (`Secret.create`, ...): none are stored here, so a list is
+/// empty, a look-up finds nothing, and storing one is refused by name.
+pub async fn secrets_list() -> axum::Json<Vec<Value>> {
+    axum::Json(Vec::new())
+}
+
+pub async fn secrets_store() -> ApiError {
+    refuse(
+        "secrets are not supported by this server yet (nothing was stored); \
+         pass values to the sandbox as envs instead",
+    )
+}
+
+pub async fn secret_missing() -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "secret not found: this server stores no secrets (not supported yet)",
+    )
 }
 
 /// An option that must be absent, `null`, or empty.
@@ -47,11 +66,11 @@ mod tests {
 
     #[test]
     fn only_what_is_set_is_refused() {
-        assert!(memory_kept(None, "pause").is_ok());
-        assert!(memory_kept(Some(true), "pause").is_ok());
-        let err = memory_kept(Some(false), "pause").unwrap_err();
+        assert!(memory_kept(None, "snapshot").is_ok());
+        assert!(memory_kept(Some(true), "snapshot").is_ok());
+        let err = memory_kept(Some(false), "snapshot").unwrap_err();
         assert!(
-            err.message.starts_with("pause: memory=false"),
+            err.message.starts_with("snapshot: memory=false"),
             "{}",
             err.message
         );

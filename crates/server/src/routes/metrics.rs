@@ -1,0 +1,120 @@
+//! Sandbox metrics as E2B's API has them: `GET /sandboxes/{id}/metrics`
+//! (a time range of one sandbox's samples) and `GET
+//! /sandboxes/metrics?sandbox_ids=` (the latest sample of several).
+//!
+//! Samples are taken from the guest agent when asked for and kept in
+//! memory (`crate::sandbox_metrics`, an hour per sandbox).
+
+use std::collections::BTreeMap;
+
+use axum::extract::{Path, RawQuery, State};
+use axum::http::StatusCode;
+use axum::Json;
+use serde_json::Value;
+use siesta_sandbox::sandbox::SandboxState;
+
+use super::AppState;
+use crate::error::ApiError;
+use crate::sandbox_metrics::Sample;
+
+/// Most sandboxes one batch call names.
+const MAX_BATCH: usize = 100;
+
+/// `SandboxMetric`s of `id` with `start <= time <= end` (Unix seconds,
+/// both optional); a range that reaches the present gets a sample taken
+/// now from a running sandbox.
+pub async fn one(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    RawQuery(raw): RawQuery,
+) -> Result<Json<Vec<Value>>, ApiError> {
+    let (mut start, mut end) = (None, None);
+    for (k, v) in form_urlencoded::parse(raw.unwrap_or_default().as_bytes()) {
+        if k == "start" || k == "end" {
+            let t = v.parse::<i64>().map_err(|_| {
+                ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    format!("{k}={v:?} is not a Unix time in seconds"),
+                )
+            })?;
+            if k == "start" {
+                start = Some(t);
+            } else {
+                end = Some(t);
+            }
+        }
+    }
+    let info = st.manager.get(&id).await?;
+    let now = chrono::Utc::now().timestamp();
+    if info.state == SandboxState::Running && end.is_none_or(|e| e >= now - 1) {
+        // Filed under `end` when taken in the second after it (the query's
+        // precision), so a range ending "now" includes it.
+        sample_now(&st, &id, end.map_or(now, |e| now.min(e))).await?;
+    }
+    let samples = st.sandbox_metrics.range(&id, start, end);
+    Ok(Json(samples.into_iter().map(|s| s.value).collect()))
+}
+
+/// `{"sandboxes": {id: SandboxMetric}}`: the latest sample of each named
+/// sandbox (taken now for a running one). Sandboxes that do not exist, or
+/// have never been sampled, are left out.
+pub async fn many(
+    State(st): State<AppState>,
+    RawQuery(raw): RawQuery,
+) -> Result<Json<Value>, ApiError> {
+    let mut ids: Vec<String> = Vec::new();
+    for (k, v) in form_urlencoded::parse(raw.unwrap_or_default().as_bytes()) {
+        if k == "sandbox_ids" {
+            ids.extend(
+                v.split(',')
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .map(String::from),
+            );
+        }
+    }
+    if ids.is_empty() || ids.len() > MAX_BATCH {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!("sandbox_ids: give 1 to {MAX_BATCH} comma-separated sandbox ids"),
+        ));
+    }
+    ids.sort();
+    ids.dedup();
+    let now = chrono::Utc::now().timestamp();
+    let mut out = BTreeMap::new();
+    for id in ids {
+        let Ok(info) = st.manager.get(&id).await else {
+            continue;
+        };
+        if info.state == SandboxState::Running {
+            if let Err(e) = sample_now(&st, &id, now).await {
+                tracing::debug!(sandbox = %id, "metrics sample: {}", e.message);
+            }
+        }
+        if let Some(latest) = st.sandbox_metrics.range(&id, None, None).pop() {
+            out.insert(id, latest.value);
+        }
+    }
+    Ok(Json(serde_json::json!({ "sandboxes": out })))
+}
+
+/// Asks running sandbox `id`'s agent for a sample and keeps it under `at`.
+async fn sample_now(st: &AppState, id: &str, at: i64) -> Result<(), ApiError> {
+    let m = st.manager.envd(id).await?.metrics().await?;
+    let pick = |k: &str| m.get(k).cloned().unwrap_or(Value::from(0));
+    let at_time = chrono::DateTime::from_timestamp(at, 0).unwrap_or_default();
+    let value = serde_json::json!({
+        "timestamp": at_time,
+        "timestampUnix": at,
+        "cpuCount": pick("cpu_count"),
+        "cpuUsedPct": pick("cpu_used_pct"),
+        "memUsed": pick("mem_used"),
+        "memTotal": pick("mem_total"),
+        "memCache": pick("mem_cache"),
+        "diskUsed": pick("disk_used"),
+        "diskTotal": pick("disk_total"),
+    });
+    st.sandbox_metrics.record(id, Sample { unix: at, value });
+    Ok(())
+}
