@@ -63,14 +63,13 @@ def test_a_mount_of_a_missing_volume_is_refused_rather_than_ignored(siesta):
 
 
 def test_options_not_supported_yet_are_refused_by_name(api, sbx):
-    """A filesystem-only snapshot, `iam` and storing a secret are 400s
-    naming what is not supported, never accepted and done otherwise; the
-    defaults the SDK sends stay accepted (the fixture's sandbox was created
-    by the SDK). Filesystem-only pause is supported (test_filesystem_pause)."""
+    """`iam` and storing a secret are 400s naming what is not supported,
+    never accepted and done otherwise; the defaults the SDK sends stay
+    accepted (the fixture's sandbox was created by the SDK). Filesystem-only
+    pause and snapshot are supported (test_filesystem_pause.py)."""
     sid = sbx.sandbox_id
     cases = [
         ("/v2/sandboxes", {"templateID": "base", "iam": {"tokens": {"a": {}}}}, "iam is not supported"),
-        (f"/sandboxes/{sid}/snapshots", {"memory": False}, "snapshot: memory=false"),
         ("/secrets", {"name": "token", "value": "s3cr3t"}, "secrets are not supported"),
     ]
     for path, body, says in cases:

@@ -1,15 +1,15 @@
-"""Filesystem-only pause and reboot on resume (issue 17), through the
-official SDK on real VMs: `pause(keep_memory=False)`, a timeout with
-`lifecycle={"on_timeout": {"action": "pause", "keep_memory": False}}`, and
-`connect(on_resume="reboot")`. The disk is kept, processes are not, and
-the resume is a cold boot, reported as the `cold_boot` stage."""
+"""Filesystem-only pause and snapshot and reboot on resume (issue 17),
+through the official SDK on real VMs: `pause(keep_memory=False)`, a timeout
+with `lifecycle={"on_timeout": {"action": "pause", "keep_memory": False}}`,
+`create_snapshot(mode="filesystem")` and `connect(on_resume="reboot")`.
+The disk is kept, processes are not, and the resume is a cold boot,
+reported as the `cold_boot` stage."""
 
 from __future__ import annotations
 
 import time
 
-import pytest
-from e2b import Sandbox, SandboxException, SandboxState, Volume
+from e2b import Sandbox, SandboxState, Volume
 
 from conftest import unique
 
@@ -110,11 +110,21 @@ def test_a_strict_pause_of_a_healthy_guest_goes_ahead(api):
         Sandbox.kill(sbx.sandbox_id)
 
 
-def test_a_filesystem_only_snapshot_is_still_refused_by_name(api, siesta):
-    sbx = Sandbox.create("base", timeout=300)
+def test_sandboxes_from_a_filesystem_only_snapshot_cold_boot(api):
+    source = Sandbox.create("base", timeout=300)
+    made = [source]
     try:
-        with pytest.raises(SandboxException) as err:
-            sbx.create_snapshot(mode="filesystem")
-        assert "memory=false" in str(err.value)
+        source.commands.run("echo from-source > /home/user/snap.txt")
+        source.commands.run("sleep 3600", background=True)
+        snap = source.create_snapshot(mode="filesystem")
+        # The source runs on, processes and all.
+        assert source.commands.run("pgrep -x sleep").stdout.strip() != ""
+        child = Sandbox.create(snap.snapshot_id, timeout=300)
+        made.append(child)
+        assert child.files.read("/home/user/snap.txt") == "from-source\n"
+        assert boot_id(child) != boot_id(source)
+        assert child.commands.run("pgrep -x sleep || true").stdout.strip() == ""
+        assert "cold_boot" in stages(api, child.sandbox_id)
     finally:
-        Sandbox.kill(sbx.sandbox_id)
+        for s in made:
+            Sandbox.kill(s.sandbox_id)

@@ -383,7 +383,7 @@ pub(crate) fn memory_of(
 /// disk-only pause: what is only in its page cache would be lost. A guest
 /// whose agent does not answer is not paused (as in E2B, a filesystem-only
 /// pause needs a responding agent).
-async fn sync_guest(id: &str, agent: std::net::SocketAddr, token: String) -> Result<()> {
+pub(crate) async fn sync_guest(id: &str, agent: std::net::SocketAddr, token: String) -> Result<()> {
     let client = crate::envd::EnvdClient::new(id, agent, Some(token));
     let synced = tokio::time::timeout(
         std::time::Duration::from_secs(30),

@@ -41,6 +41,10 @@ pub struct UserSnapshotMeta {
     /// made from the snapshot serves them too.
     #[serde(default)]
     pub volume_mounts: Vec<VolumeMount>,
+    /// Only the disk was kept (E2B's filesystem-only snapshot): sandboxes
+    /// made from it cold-boot.
+    #[serde(default)]
+    pub disk_only: bool,
 }
 
 /// A user snapshot as callers see it.
@@ -67,12 +71,15 @@ struct Capture {
     /// `state`'s SHA-256 where the save computed it.
     state_sha256: Option<String>,
     volume_mounts: Vec<VolumeMount>,
+    /// Only the disk was captured (no `state`).
+    disk_only: bool,
 }
 
-/// What a new sandbox starts from: a saved state, the memory blob it was
-/// saved over, a disk to copy, and the token the saved guest holds.
+/// What a new sandbox starts from: a saved state (none: it cold-boots from
+/// the disk), the memory blob it was saved over, a disk to copy, and the
+/// token the saved guest holds.
 struct Origin<'a> {
-    state: &'a Path,
+    state: Option<&'a Path>,
     memory: &'a Path,
     disk: &'a Path,
     guest_token: &'a str,
@@ -94,8 +101,9 @@ impl SandboxManager {
     }
 
     /// Stops running sandbox `id` for a moment to capture its state and
-    /// disk, then lets it run on.
-    async fn capture(&self, id: &str) -> Result<Capture> {
+    /// disk (its disk only, after syncing the guest, when not `memory`),
+    /// then lets it run on.
+    async fn capture(&self, id: &str, memory: bool) -> Result<Capture> {
         let mut sb = self.lock(id).await?;
         let template = Template::open(&self.node.config.layout(), &sb.record.template)?;
         let scratch = self
@@ -114,7 +122,9 @@ impl SandboxManager {
             guest_token: sb.record.access_token.clone(),
             state_sha256: None,
             volume_mounts: sb.record.volume_mounts.clone(),
+            disk_only: !memory,
         };
+        let token = sb.record.access_token.clone();
         let disk = sb.disk_path();
         let Some(running) = sb.running.as_mut() else {
             return Err(Error::WrongState {
@@ -124,15 +134,20 @@ impl SandboxManager {
             });
         };
         let vmm_err = |source| Error::vmm(id, source);
+        if !memory {
+            crate::paused::sync_guest(id, running.agent_addr, token).await?;
+        }
         running.vm.pause().await.map_err(vmm_err)?;
         capture.memory = running.vm.memory_file().to_path_buf();
         let saved = async {
-            let vm = running.vm.as_mut();
-            let report =
-                memory_save::save(vm, &capture.template, &capture.state, SaveMemory::Changed)
-                    .await
-                    .map_err(vmm_err)?;
-            capture.state_sha256 = report.sha256;
+            if memory {
+                let vm = running.vm.as_mut();
+                let report =
+                    memory_save::save(vm, &capture.template, &capture.state, SaveMemory::Changed)
+                        .await
+                        .map_err(vmm_err)?;
+                capture.state_sha256 = report.sha256;
+            }
             copy_sparse(&disk, &capture.disk).await
         }
         .await;
@@ -145,7 +160,19 @@ impl SandboxManager {
 
     /// Snapshots running sandbox `id` under an optional `name`.
     pub async fn snapshot(&self, id: &str, name: Option<String>) -> Result<SnapshotInfo> {
-        let capture = self.capture(id).await?;
+        self.snapshot_with(id, name, true).await
+    }
+
+    /// [`SandboxManager::snapshot`]; without `memory` (E2B's filesystem-only
+    /// snapshot) the guest is synced and only its disk is kept, and
+    /// sandboxes made from it cold-boot.
+    pub async fn snapshot_with(
+        &self,
+        id: &str,
+        name: Option<String>,
+        memory: bool,
+    ) -> Result<SnapshotInfo> {
+        let capture = self.capture(id, memory).await?;
         let template = &capture.template;
         let template_name = template.record.name.clone();
         let repo = self.repo()?;
@@ -161,11 +188,7 @@ impl SandboxManager {
             names: names.clone(),
             guest_token: capture.guest_token.clone(),
             volume_mounts: capture.volume_mounts.clone(),
-        };
-        // Every sandbox made from it checks the state against this digest.
-        let state_sha = match &capture.state_sha256 {
-            Some(sha) => sha.clone(),
-            None => siesta_snapshot::repo::sha256_file(&capture.state)?,
+            disk_only: capture.disk_only,
         };
         let file = |role: &str, source: &Path, sha256| PublishFile {
             role: role.to_string(),
@@ -178,10 +201,7 @@ impl SandboxManager {
             kind: SnapshotKind::User,
             parent: Some(parent),
             guest_memory_size: template.record.memory.size,
-            files: vec![
-                file(STATE, &capture.state, Some(state_sha)),
-                file(DISK, &capture.disk, None),
-            ],
+            files: snapshot_files(&capture, file)?,
             existing: vec![(MEMORY.to_string(), memory)],
             aliases: names.iter().map(|n| alias_of(n)).collect(),
             meta: serde_json::to_value(&meta).map_err(|e| Error::Invalid(e.to_string()))?,
@@ -242,7 +262,10 @@ impl SandboxManager {
                 path: repo.snapshot_dir(&snap.id),
                 detail: format!("bad snapshot record: {e}"),
             })?;
-        let state = verified_state(&repo, snap).await?;
+        let state = match meta.disk_only {
+            true => None,
+            false => Some(verified_state(&repo, snap).await?),
+        };
         let disk = repo.file_path(snap, DISK)?;
         if !req.volume_mounts.is_empty() && req.volume_mounts != meta.volume_mounts {
             return Err(Error::Invalid(format!(
@@ -257,7 +280,7 @@ impl SandboxManager {
         let template = Template::open(&self.node.config.layout(), &meta.template)?;
         let memory = memory_of(&repo, snap, &template)?;
         let origin = Origin {
-            state: &state,
+            state: state.as_deref(),
             memory: &memory,
             disk: &disk,
             guest_token: &meta.guest_token,
@@ -281,11 +304,16 @@ impl SandboxManager {
             record.template = template.record.name.clone();
             let mut params = self.resume_params(&record);
             params.guest_token = Some(origin.guest_token.to_string());
-            let saved = SavedState {
-                state: origin.state.to_path_buf(),
-                memory: origin.memory.to_path_buf(),
-            };
-            resume::from_saved(&self.node, template, &id, &dir, saved, &params).await
+            match origin.state {
+                Some(state) => {
+                    let saved = SavedState {
+                        state: state.to_path_buf(),
+                        memory: origin.memory.to_path_buf(),
+                    };
+                    resume::from_saved(&self.node, template, &id, &dir, saved, &params).await
+                }
+                None => resume::cold_boot(&self.node, template, &id, &dir, &params).await,
+            }
         }
         .await;
         match result {
@@ -318,7 +346,7 @@ impl SandboxManager {
         }
         deadline(timeout_secs)?;
         let source = self.get(id).await?;
-        let capture = self.capture(id).await?;
+        let capture = self.capture(id, true).await?;
         let req = CreateRequest {
             template: capture.template.record.name.clone(),
             env_vars: source.env_vars.clone(),
@@ -330,7 +358,7 @@ impl SandboxManager {
             volume_mounts: source.volume_mounts.clone(),
         };
         let origin = || Origin {
-            state: &capture.state,
+            state: Some(&capture.state),
             memory: &capture.memory,
             disk: &capture.disk,
             guest_token: &capture.guest_token,
@@ -351,6 +379,24 @@ pub const MAX_FORK_CHILDREN: u32 = 64;
 /// guest's health and init, the disk copy) with another's CPU work, few
 /// enough that 64 children do not start 64 VMMs in the same instant.
 const FORK_CONCURRENCY: usize = 8;
+
+/// The files a user snapshot publishes: the captured state (checked by
+/// every sandbox made from it against its digest) unless only the disk was
+/// kept, and the disk.
+fn snapshot_files(
+    capture: &Capture,
+    file: impl Fn(&str, &Path, Option<String>) -> PublishFile,
+) -> Result<Vec<PublishFile>> {
+    let mut files = vec![file(DISK, &capture.disk, None)];
+    if !capture.disk_only {
+        let state_sha = match &capture.state_sha256 {
+            Some(sha) => sha.clone(),
+            None => siesta_snapshot::repo::sha256_file(&capture.state)?,
+        };
+        files.insert(0, file(STATE, &capture.state, Some(state_sha)));
+    }
+    Ok(files)
+}
 
 fn info(record: &SnapshotRecord, meta: UserSnapshotMeta) -> SnapshotInfo {
     SnapshotInfo {

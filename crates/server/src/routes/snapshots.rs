@@ -14,7 +14,8 @@ use crate::error::ApiError;
 #[derive(Deserialize, Default)]
 pub struct SnapshotBody {
     name: Option<String>,
-    /// `false` (filesystem only) is refused; a snapshot keeps memory.
+    /// `false` (the SDK's `mode="filesystem"`): keep the disk only;
+    /// sandboxes made from it cold-boot.
     memory: Option<bool>,
 }
 
@@ -26,8 +27,8 @@ pub async fn create(
     raw: Bytes,
 ) -> Result<Response, ApiError> {
     let req: SnapshotBody = optional_body(&raw)?;
-    super::unsupported::memory_kept(req.memory, "snapshot")?;
-    let snap = st.manager.snapshot(&id, req.name).await?;
+    let memory = req.memory != Some(false);
+    let snap = st.manager.snapshot_with(&id, req.name, memory).await?;
     let body = json!({"snapshotID": snap.id, "names": snap.names});
     Ok((StatusCode::CREATED, Json(body)).into_response())
 }

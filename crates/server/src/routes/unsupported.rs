@@ -1,24 +1,13 @@
 //! Options of the E2B API that siesta does not implement yet. Each is
 //! refused with a 400 that names the field, and only when the caller sets
 //! it to something other than what the SDK sends by default: accepting it
-//! and doing something else would surprise the caller later (a sandbox
-//! without its volume, a pause that kept what was asked to be dropped).
+//! and doing something else would surprise the caller later (a secret
+//! that is not there, credentials that are not injected).
 
 use axum::http::StatusCode;
 use serde_json::Value;
 
 use crate::error::ApiError;
-
-/// `memory: false` (a filesystem-only snapshot) in the body of `what`.
-pub fn memory_kept(memory: Option<bool>, what: &str) -> Result<(), ApiError> {
-    if memory == Some(false) {
-        return Err(refuse(&format!(
-            "{what}: memory=false (filesystem only) is not supported yet: snapshots here keep \
-             memory and running processes; leave it unset (a pause can be filesystem-only)"
-        )));
-    }
-    Ok(())
-}
 
 /// E2B's secrets (`Secret.create`, ...): none are stored here, so a list is
 /// empty, a look-up finds nothing, and storing one is refused by name.
@@ -66,14 +55,6 @@ mod tests {
 
     #[test]
     fn only_what_is_set_is_refused() {
-        assert!(memory_kept(None, "snapshot").is_ok());
-        assert!(memory_kept(Some(true), "snapshot").is_ok());
-        let err = memory_kept(Some(false), "snapshot").unwrap_err();
-        assert!(
-            err.message.starts_with("snapshot: memory=false"),
-            "{}",
-            err.message
-        );
         assert!(unset("iam", None).is_ok());
         assert!(unset("iam", Some(&Value::Null)).is_ok());
         assert!(unset("iam", Some(&serde_json::json!({}))).is_ok());
