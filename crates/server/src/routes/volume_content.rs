@@ -1,6 +1,6 @@
 //! The volume content API (`E2B_VOLUME_API_URL`): a volume's files with no
 //! sandbox running. Every call carries `Authorization: Bearer <token>`, the
-//! volume's own token, not the node's API key.
+//! volume's own token, not the node's API key; [`Target`] checks it.
 //!
 //! | route | what |
 //! |---|---|
@@ -15,8 +15,8 @@
 use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
-use axum::extract::rejection::QueryRejection;
-use axum::extract::{Path, Query, State};
+use axum::extract::{FromRequestParts, Path, Query};
+use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -61,16 +61,37 @@ struct AttrsBody {
     mode: Option<u32>,
 }
 
-type Q = Result<Query<ContentQuery>, QueryRejection>;
+/// What a content call works on: the volume named in the path, once its
+/// token checked, and the path and options of the query string.
+pub struct Target {
+    fs: Arc<VolumeFs>,
+    path: VolumePath,
+    query: ContentQuery,
+}
 
-pub async fn read_file(
-    State(st): State<AppState>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-    q: Q,
-) -> Result<Response, ApiError> {
-    let (fs, path) = open(&st, &id, &headers, q).await?;
-    let (file, len) = blocking(move || fs.open_read(&path)).await?;
+impl FromRequestParts<AppState> for Target {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, st: &AppState) -> Result<Self, ApiError> {
+        let Path(id) = Path::<String>::from_request_parts(parts, st)
+            .await
+            .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.body_text()))?;
+        let Query(query) = Query::<ContentQuery>::from_request_parts(parts, st)
+            .await
+            .map_err(|e| {
+                ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    format!("invalid query string: {}", e.body_text()),
+                )
+            })?;
+        let fs = authorized(st, id, &parts.headers).await?;
+        let path = VolumePath::parse(&query.path)?;
+        Ok(Self { fs, path, query })
+    }
+}
+
+pub async fn read_file(t: Target) -> Result<Response, ApiError> {
+    let (file, len) = blocking(move || t.fs.open_read(&t.path)).await?;
     let stream = tokio_util::io::ReaderStream::new(tokio::fs::File::from_std(file));
     Ok((
         [
@@ -82,16 +103,9 @@ pub async fn read_file(
         .into_response())
 }
 
-pub async fn write_file(
-    State(st): State<AppState>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-    q: Q,
-    body: Body,
-) -> Result<Response, ApiError> {
-    let q = query(q)?;
-    let (fs, path) = open_parsed(&st, &id, &headers, &q).await?;
-    let force = q.force.unwrap_or(false);
+pub async fn write_file(t: Target, body: Body) -> Result<Response, ApiError> {
+    let Target { fs, path, query } = t;
+    let force = query.force.unwrap_or(false);
     let pending = {
         let fs = fs.clone();
         blocking(move || fs.begin_write(&path, force)).await?
@@ -100,97 +114,63 @@ pub async fn write_file(
         Ok(file) => copy_body(body, tokio::fs::File::from_std(file), pending.budget).await,
         Err(e) => Err(Upload::Io(e)),
     };
-    match copied {
+    let failure = match copied {
         Ok(_) => {
-            let attrs = q.attrs();
+            let attrs = query.attrs();
             let stat = blocking(move || fs.commit(pending, attrs)).await?;
-            Ok((StatusCode::CREATED, Json(stat)).into_response())
+            return Ok((StatusCode::CREATED, Json(stat)).into_response());
         }
-        Err(failure) => {
-            let fs2 = fs.clone();
-            let _ = blocking(move || {
-                fs2.abort(pending);
-                Ok(())
-            })
-            .await;
-            Err(match failure {
-                Upload::TooLarge(wanted) => fs.full(wanted).into(),
-                Upload::Body(e) => ApiError::new(
-                    StatusCode::BAD_REQUEST,
-                    format!("the upload was cut off: {e}; nothing was written"),
-                ),
-                Upload::Io(e) => ApiError::new(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    format!("writing the upload: {e}; nothing was written"),
-                ),
-            })
-        }
-    }
+        Err(failure) => failure,
+    };
+    let fs2 = fs.clone();
+    let _ = blocking(move || {
+        fs2.abort(pending);
+        Ok(())
+    })
+    .await;
+    Err(match failure {
+        Upload::TooLarge(wanted) => fs.full(wanted).into(),
+        Upload::Body(e) => ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!("the upload was cut off: {e}; nothing was written"),
+        ),
+        Upload::Io(e) => ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("writing the upload: {e}; nothing was written"),
+        ),
+    })
 }
 
-pub async fn list_dir(
-    State(st): State<AppState>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-    q: Q,
-) -> Result<Response, ApiError> {
-    let q = query(q)?;
-    let depth = q.depth.unwrap_or(1);
-    let (fs, path) = open_parsed(&st, &id, &headers, &q).await?;
-    let entries = blocking(move || fs.list(&path, depth)).await?;
+pub async fn list_dir(t: Target) -> Result<Response, ApiError> {
+    let depth = t.query.depth.unwrap_or(1);
+    let entries = blocking(move || t.fs.list(&t.path, depth)).await?;
     Ok(Json(entries).into_response())
 }
 
-pub async fn make_dir(
-    State(st): State<AppState>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-    q: Q,
-) -> Result<Response, ApiError> {
-    let q = query(q)?;
-    let (fs, path) = open_parsed(&st, &id, &headers, &q).await?;
-    let (attrs, parents) = (q.attrs(), q.force.unwrap_or(false));
-    let stat = blocking(move || fs.make_dir(&path, attrs, parents)).await?;
+pub async fn make_dir(t: Target) -> Result<Response, ApiError> {
+    let (attrs, parents) = (t.query.attrs(), t.query.force.unwrap_or(false));
+    let stat = blocking(move || t.fs.make_dir(&t.path, attrs, parents)).await?;
     Ok((StatusCode::CREATED, Json(stat)).into_response())
 }
 
-pub async fn stat(
-    State(st): State<AppState>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-    q: Q,
-) -> Result<Response, ApiError> {
-    let (fs, path) = open(&st, &id, &headers, q).await?;
-    let stat = blocking(move || fs.stat(&path)).await?;
+pub async fn stat(t: Target) -> Result<Response, ApiError> {
+    let stat = blocking(move || t.fs.stat(&t.path)).await?;
     Ok(Json(stat).into_response())
 }
 
-pub async fn set_attrs(
-    State(st): State<AppState>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-    q: Q,
-    bytes: Bytes,
-) -> Result<Response, ApiError> {
-    let (fs, path) = open(&st, &id, &headers, q).await?;
+pub async fn set_attrs(t: Target, bytes: Bytes) -> Result<Response, ApiError> {
     let body: AttrsBody = super::optional_body(&bytes)?;
     let attrs = Attrs {
         uid: body.uid,
         gid: body.gid,
         mode: body.mode,
     };
-    let stat = blocking(move || fs.set_attrs(&path, attrs)).await?;
+    let stat = blocking(move || t.fs.set_attrs(&t.path, attrs)).await?;
     Ok(Json(stat).into_response())
 }
 
-pub async fn remove(
-    State(st): State<AppState>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-    q: Q,
-) -> Result<StatusCode, ApiError> {
-    let (fs, path) = open(&st, &id, &headers, q).await?;
-    blocking(move || fs.remove(&path)).await?;
+pub async fn remove(t: Target) -> Result<StatusCode, ApiError> {
+    blocking(move || t.fs.remove(&t.path)).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -217,32 +197,12 @@ async fn copy_body(body: Body, mut file: tokio::fs::File, budget: u64) -> Result
     Ok(written)
 }
 
-fn query(q: Q) -> Result<ContentQuery, ApiError> {
-    q.map(|Query(q)| q).map_err(|e| {
-        ApiError::new(
-            StatusCode::BAD_REQUEST,
-            format!("invalid query string: {}", e.body_text()),
-        )
-    })
-}
-
-async fn open(
+/// Volume `id`'s files, if `headers` carry its bearer token.
+async fn authorized(
     st: &AppState,
-    id: &str,
+    id: String,
     headers: &HeaderMap,
-    q: Q,
-) -> Result<(Arc<VolumeFs>, VolumePath), ApiError> {
-    let q = query(q)?;
-    open_parsed(st, id, headers, &q).await
-}
-
-/// Checks the bearer token against volume `id` and parses the path.
-async fn open_parsed(
-    st: &AppState,
-    id: &str,
-    headers: &HeaderMap,
-    q: &ContentQuery,
-) -> Result<(Arc<VolumeFs>, VolumePath), ApiError> {
+) -> Result<Arc<VolumeFs>, ApiError> {
     let given = bearer(headers).ok_or_else(|| {
         ApiError::new(
             StatusCode::UNAUTHORIZED,
@@ -250,7 +210,6 @@ async fn open_parsed(
         )
     })?;
     let volumes = st.volumes.clone();
-    let id = id.to_string();
     let record = blocking(move || volumes.get(&id)).await?;
     if !record.token_matches(&given) {
         return Err(ApiError::new(
@@ -258,10 +217,9 @@ async fn open_parsed(
             "invalid token for this volume",
         ));
     }
-    let path = VolumePath::parse(&q.path)?;
     let volumes = st.volumes.clone();
     let fs = blocking(move || volumes.content(&record)).await?;
-    Ok((Arc::new(fs), path))
+    Ok(Arc::new(fs))
 }
 
 fn bearer(headers: &HeaderMap) -> Option<String> {
