@@ -632,7 +632,7 @@ async fn stop_vm(node: &Node, id: &str, mut r: Running) {
     }
     // Before the slot goes back to the pool: its next sandbox must not
     // find this one's volumes there.
-    drop(r.exports);
+    r.exports.stop().await;
     node.release_slot(r.slot).await;
     let _ = std::fs::remove_dir_all(&r.run_dir);
 }

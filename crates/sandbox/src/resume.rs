@@ -370,7 +370,7 @@ impl<'a> Cleanup<'a> {
     async fn fail(&mut self, err: Error) -> Error {
         if let Some((mut vm, slot, scratch)) = self.parts.take() {
             let _ = vm.shutdown().await;
-            drop(std::mem::take(&mut self.exports));
+            std::mem::take(&mut self.exports).stop().await;
             self.node.release_slot(slot).await;
             let _ = std::fs::remove_dir_all(&scratch);
         }

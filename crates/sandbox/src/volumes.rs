@@ -96,7 +96,17 @@ pub fn guest_mounts(mounts: &[VolumeMount]) -> Vec<NfsMount> {
 /// The running exports of one sandbox; dropping them stops them.
 #[derive(Default)]
 pub struct Exports {
-    _servers: Vec<NfsExport>,
+    servers: Vec<NfsExport>,
+}
+
+impl Exports {
+    /// Stops every export, waiting for their threads off the async ones.
+    pub async fn stop(self) {
+        if self.servers.is_empty() {
+            return;
+        }
+        let _ = tokio::task::spawn_blocking(move || drop(self.servers)).await;
+    }
 }
 
 /// Serves `mounts` inside `slot`'s network namespace, one export each.
@@ -126,7 +136,7 @@ pub fn start_exports(
             .map_err(|e| fail(e.to_string()))?;
         exports.push(export);
     }
-    Ok(Exports { _servers: exports })
+    Ok(Exports { servers: exports })
 }
 
 impl SandboxManager {
