@@ -83,6 +83,11 @@ pub struct NodeConfig {
     /// (`SIESTA_STEP_CACHE_MIB`, default 16384); the least recently used
     /// layers go first.
     pub step_cache_mib: u64,
+    /// Where sandbox directories go instead of `$SIESTA_HOME/sandboxes`:
+    /// set for a manager that is not the server (`siesta bench` uses
+    /// `$SIESTA_HOME/ephemeral/<tag>-<pid>`), which a server starting
+    /// meanwhile must not take for its own leftovers.
+    pub sandbox_root: Option<PathBuf>,
 }
 
 impl NodeConfig {
@@ -109,6 +114,7 @@ impl NodeConfig {
             policy_skip: true,
             insecure_registries: Vec::new(),
             step_cache_mib: 16 << 10,
+            sandbox_root: None,
         }
     }
 
@@ -168,7 +174,11 @@ impl NodeConfig {
     }
 
     pub fn layout(&self) -> crate::layout::Layout {
-        crate::layout::Layout::new(&self.home)
+        let layout = crate::layout::Layout::new(&self.home);
+        match &self.sandbox_root {
+            Some(dir) => layout.with_sandboxes(dir.clone()),
+            None => layout,
+        }
     }
 }
 

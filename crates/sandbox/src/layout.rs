@@ -8,6 +8,8 @@
 //!   templates/<name>/  template.json, memory.img, state.bin, disk.img
 //!                      (templates built before the repository; still read)
 //!   sandboxes/<id>/    sandbox.json, disk.qcow2, state.bin (when paused), run/
+//!   ephemeral/<tag>-<pid>/<id>/  the same, of a bench's sandboxes (never the
+//!                      server's: its recovery leaves them alone)
 //!   run/pool/<n>/      sockets and logs of pre-spawned VMM processes
 //!   build-files/<sha256>.tar  files uploaded for COPY steps of template
 //!                      builds, by the SHA-256 of the archive's inputs
@@ -18,13 +20,25 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, Clone)]
 pub struct Layout {
     home: PathBuf,
+    /// Where sandbox directories go: `home/sandboxes` for the server, a
+    /// directory of its own for a bench (see [`Layout::with_sandboxes`]).
+    sandboxes: PathBuf,
 }
 
 impl Layout {
     pub fn new(home: &Path) -> Self {
         Self {
             home: home.to_path_buf(),
+            sandboxes: home.join("sandboxes"),
         }
+    }
+
+    /// The same data directory, with sandbox directories in `dir`: a
+    /// manager that is not the server (a bench) keeps its sandboxes apart,
+    /// so that a server's recovery never takes them for its own leftovers.
+    pub fn with_sandboxes(mut self, dir: PathBuf) -> Self {
+        self.sandboxes = dir;
+        self
     }
     pub fn home(&self) -> &Path {
         &self.home
@@ -63,7 +77,7 @@ impl Layout {
         self.templates().join(name)
     }
     pub fn sandboxes(&self) -> PathBuf {
-        self.home.join("sandboxes")
+        self.sandboxes.clone()
     }
     pub fn sandbox_dir(&self, id: &str) -> PathBuf {
         self.sandboxes().join(id)

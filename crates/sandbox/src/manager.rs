@@ -170,6 +170,12 @@ impl SandboxManager {
         &self.node
     }
 
+    /// Whether this is the server's manager (its sandboxes outlive it)
+    /// rather than an ephemeral one (a bench's).
+    pub(crate) fn is_persistent(&self) -> bool {
+        self.persistent
+    }
+
     /// Pre-spawns pooled VMMs for `template` so the first create is a hit.
     pub fn warm(&self, template: &str) -> Result<()> {
         let t = Template::open(&self.node.config.layout(), template)?;

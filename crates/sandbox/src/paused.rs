@@ -43,6 +43,10 @@ pub struct PausedMeta {
     /// Only the disk was kept (no `state.bin`): the resume cold-boots.
     #[serde(default)]
     pub disk_only: bool,
+    /// Paused by a manager that is not the server (a bench): a server's
+    /// recovery leaves it alone, as it has no row for it.
+    #[serde(default)]
+    pub ephemeral: bool,
 }
 
 /// What a pause keeps.
@@ -71,11 +75,13 @@ pub(crate) fn publish(
     id: &str,
     state: Option<(&Path, Option<String>)>,
     disk: &Path,
+    ephemeral: bool,
 ) -> Result<SnapshotRecord> {
     let meta = PausedMeta {
         sandbox: id.to_string(),
         template: template.record.name.clone(),
         disk_only: state.is_none(),
+        ephemeral,
     };
     let file = |role: &str, source: &Path, placement, sha256| PublishFile {
         role: role.to_string(),
@@ -201,10 +207,11 @@ impl SandboxManager {
             // Hashing, fsyncs and renames: off the async threads.
             let (repo, template, id, disk) =
                 (repo.clone(), template.clone(), id.clone(), disk.clone());
+            let ephemeral = !self.is_persistent();
             async move {
                 tokio::task::spawn_blocking(move || {
                     let state = state.as_ref().map(|(p, sha)| (p.as_path(), sha.clone()));
-                    publish(&repo, &template, &id, state, &disk)
+                    publish(&repo, &template, &id, state, &disk, ephemeral)
                 })
                 .await
                 .map_err(|e| Error::Invalid(format!("publishing the pause: {e}")))

@@ -145,7 +145,7 @@ fn remove_orphan_pauses(repo: &Repository, known: &HashSet<&str>) {
         let Some(sandbox) = alias.strip_prefix("sandbox:") else {
             continue;
         };
-        if known.contains(sandbox) {
+        if known.contains(sandbox) || paused_by_another_manager(repo, &alias) {
             continue;
         }
         tracing::info!(sandbox, snapshot = %id, "deleting a paused snapshot without a record");
@@ -153,6 +153,15 @@ fn remove_orphan_pauses(repo: &Repository, known: &HashSet<&str>) {
             tracing::warn!(snapshot = %id, "deleting orphan pause: {e}");
         }
     }
+}
+
+/// A pause an ephemeral manager (a bench) published: it has no row here,
+/// and it is not this server's to delete.
+fn paused_by_another_manager(repo: &Repository, alias: &str) -> bool {
+    repo.resolve(alias)
+        .ok()
+        .and_then(|r| serde_json::from_value::<paused::PausedMeta>(r.meta).ok())
+        .is_some_and(|m| m.ephemeral)
 }
 
 /// Removes sandbox directories that have no row.
@@ -296,6 +305,15 @@ mod tests {
 
     /// Publishes what a pause of `s1` publishes: state and disk linked in.
     fn pause_s1(repo: &Repository, dir: &Path) -> siesta_snapshot::SnapshotRecord {
+        pause_of(repo, dir, "s1", serde_json::Value::Null)
+    }
+
+    fn pause_of(
+        repo: &Repository,
+        dir: &Path,
+        id: &str,
+        meta: serde_json::Value,
+    ) -> siesta_snapshot::SnapshotRecord {
         use siesta_snapshot::repo::{new_id, Placement, PublishFile, PublishRequest};
         let state = dir.join(STATE_FILE);
         std::fs::write(&state, b"state").unwrap();
@@ -316,8 +334,8 @@ mod tests {
                     file(DISK, dir.join(DISK_FILE)),
                 ],
                 existing: vec![],
-                aliases: vec![paused::alias("s1")],
-                meta: serde_json::Value::Null,
+                aliases: vec![paused::alias(id)],
+                meta,
             })
             .unwrap();
         std::fs::remove_file(state).unwrap();
@@ -386,6 +404,38 @@ mod tests {
         assert!(repo.get(&snap.id).is_ok());
         remove_orphan_pauses(&repo, &HashSet::new());
         assert!(repo.get(&snap.id).is_err());
+    }
+
+    #[test]
+    fn what_a_bench_runs_is_not_a_servers_leftover() {
+        // A bench's pause has no row in the server's database, and is not
+        // the server's to delete.
+        let tmp = tempfile::tempdir().unwrap();
+        let repo = Repository::open(tmp.path().join("repo")).unwrap();
+        let d = tmp.path().join("b1");
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join(DISK_FILE), b"disk").unwrap();
+        let meta = serde_json::json!({"sandbox": "b1", "template": "base", "ephemeral": true});
+        let snap = pause_of(&repo, &d, "b1", meta);
+        remove_orphan_pauses(&repo, &HashSet::new());
+        assert!(repo.get(&snap.id).is_ok());
+
+        // Its sandboxes live outside the server's `sandboxes/`: neither
+        // their VMMs nor their directories are the server's.
+        let home = tmp.path().join("home");
+        let mut config = crate::NodeConfig::new(&home);
+        let server = config.layout();
+        config.sandbox_root = Some(home.join("ephemeral/n-42"));
+        let bench = config.layout();
+        let vm_dir = bench.sandbox_dir("b1");
+        assert!(!vm_dir.starts_with(server.sandboxes()));
+        let cmdline = format!("qemu-system-x86_64\0file={}/disk.qcow2\0", vm_dir.display());
+        let mut prefix = server.sandboxes().into_os_string().into_encoded_bytes();
+        prefix.push(b'/');
+        assert!(!is_our_vmm(cmdline.as_bytes(), &prefix));
+        std::fs::create_dir_all(&vm_dir).unwrap();
+        remove_orphans(&server.sandboxes(), &HashSet::new());
+        assert!(vm_dir.exists());
     }
 
     #[test]

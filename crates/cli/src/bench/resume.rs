@@ -9,7 +9,7 @@ use anyhow::Context;
 use serde_json::json;
 use siesta_sandbox::stages::{Stage, StageTimings};
 use siesta_sandbox::template::{self, Template};
-use siesta_sandbox::{Node, NodeConfig, SandboxManager};
+use siesta_sandbox::{Node, SandboxManager};
 
 use super::session::create_pooled;
 use crate::stats::{summarize, Summary};
@@ -40,8 +40,7 @@ pub async fn run(args: ResumeArgs) -> anyhow::Result<ExitCode> {
         let against = args.against.as_deref();
         return super::compare::run(what, &args.template, against, args.blocks, args.json).await;
     }
-    let mut config = NodeConfig::from_env().map_err(anyhow::Error::msg)?;
-    config.net_tag = "n".into(); // never the server's slots
+    let config = super::session::bench_config("n")?;
     let layout = config.layout();
     let tpl = Template::open(&layout, &args.template)?;
     let node = Node::start(config).await?;
@@ -51,6 +50,7 @@ pub async fn run(args: ResumeArgs) -> anyhow::Result<ExitCode> {
     let outcome = measure(&node, &manager, &tpl, &args).await;
     manager.shutdown().await;
     node.shutdown().await;
+    super::session::remove_sandbox_root(&node.config);
     let measured = outcome?;
     report(&args, &measured, &node);
     Ok(ExitCode::SUCCESS)

@@ -1,5 +1,7 @@
 //! A node and an in-memory sandbox manager for one bench run: its own
-//! network tag (never the server's slots), rows that die with it.
+//! network tag (never the server's slots), rows that die with it, and its
+//! own sandbox directory (`$SIESTA_HOME/ephemeral/n-<pid>`), so a server
+//! starting meanwhile never takes its VMMs for leftovers.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,9 +23,7 @@ impl Session {
     pub async fn start_with_volumes(
         volumes: Option<Arc<siesta_volume::Volumes>>,
     ) -> anyhow::Result<Self> {
-        let mut config = NodeConfig::from_env().map_err(anyhow::Error::msg)?;
-        config.net_tag = "n".into();
-        let node = Node::start(config).await?;
+        let node = Node::start(bench_config("n")?).await?;
         let manager = SandboxManager::ephemeral_with_volumes(node.clone(), volumes)?;
         Ok(Self { node, manager })
     }
@@ -32,6 +32,25 @@ impl Session {
     pub async fn close(self) {
         self.manager.shutdown().await;
         self.node.shutdown().await;
+        remove_sandbox_root(&self.node.config);
+    }
+}
+
+/// A bench node's configuration: network tag `tag` (never the server's
+/// slots) and sandboxes in `$SIESTA_HOME/ephemeral/<tag>-<pid>` (never the
+/// server's directory, whose recovery would take them for leftovers).
+pub fn bench_config(tag: &str) -> anyhow::Result<NodeConfig> {
+    let mut config = NodeConfig::from_env().map_err(anyhow::Error::msg)?;
+    config.net_tag = tag.into();
+    let root = format!("ephemeral/{tag}-{}", std::process::id());
+    config.sandbox_root = Some(config.home.join(root));
+    Ok(config)
+}
+
+/// Removes a bench's sandbox directory once its node is shut down.
+pub fn remove_sandbox_root(config: &NodeConfig) {
+    if let Some(root) = &config.sandbox_root {
+        let _ = std::fs::remove_dir_all(root);
     }
 }
 

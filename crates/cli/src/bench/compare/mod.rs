@@ -27,7 +27,7 @@ use siesta_sandbox::pool::{PoolOptions, VmmPool};
 use siesta_sandbox::resume::{self, ResumeParams};
 use siesta_sandbox::stages::{Stage, StageTimings};
 use siesta_sandbox::template::{self, Template};
-use siesta_sandbox::{Node, NodeConfig};
+use siesta_sandbox::Node;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Compare {
@@ -64,8 +64,7 @@ pub async fn run(
     if blocks < 2 {
         bail!("--blocks must be at least 2 for intervals");
     }
-    let mut config = NodeConfig::from_env().map_err(anyhow::Error::msg)?;
-    config.net_tag = "c".into(); // never a server's slots
+    let config = super::session::bench_config("c")?;
     let layout = config.layout();
     let node = Node::start(config).await?;
     let outcome = match what {
@@ -77,6 +76,7 @@ pub async fn run(
         other => followup::run(&node, &layout, other, template, blocks, json).await,
     };
     node.shutdown().await;
+    super::session::remove_sandbox_root(&node.config);
     outcome
 }
 
