@@ -83,12 +83,15 @@ class SiestaServer:
         )
         return env
 
-    def start(self, timeout: float = 180) -> None:
+    def start(self, timeout: float = 180, listen_flag: bool = True) -> None:
+        """Starts `siesta serve`; without `listen_flag` the address comes
+        from the home's siesta.toml, which must name this server's port."""
         log = open(self.log_path, "ab")
         log.write(f"\n=== siesta serve on {self.url} ===\n".encode())
         log.flush()
+        listen = ["--listen", f"127.0.0.1:{self.port}"] if listen_flag else []
         self.proc = subprocess.Popen(
-            [str(self.binary), "serve", "--listen", f"127.0.0.1:{self.port}"],
+            [str(self.binary), "serve", *listen],
             env=self.env(),
             stdout=log,
             stderr=subprocess.STDOUT,

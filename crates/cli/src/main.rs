@@ -62,6 +62,33 @@ enum Command {
     },
 }
 
+/// Logs to stderr, filtered by `SIESTA_LOG`; one JSON object a line with
+/// `SIESTA_LOG_FORMAT=json` or `server.log_format = "json"` in siesta.toml.
+fn init_logs(default_level: &str) {
+    use siesta_sandbox::config_file::{ConfigFile, LogFormat};
+    let json = match std::env::var("SIESTA_LOG_FORMAT") {
+        Ok(f) => f.eq_ignore_ascii_case("json"),
+        Err(_) => {
+            let home = std::env::var_os("SIESTA_HOME").unwrap_or_else(|| "/var/lib/siesta".into());
+            // A broken file is reported by the command that reads it.
+            ConfigFile::load(std::path::Path::new(&home))
+                .is_ok_and(|f| f.server.log_format == Some(LogFormat::Json))
+        }
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SIESTA_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if json {
+        logs.json().init();
+    } else {
+        // Colour codes only on a terminal: logs redirected to files stay plain.
+        logs.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init();
+    }
+}
+
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     if let Command::Completions { shell } = cli.command {
@@ -74,15 +101,7 @@ fn main() -> std::process::ExitCode {
         Command::Doctor(_) => "warn",
         _ => "info",
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("SIESTA_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
-        )
-        .with_writer(std::io::stderr)
-        // Colour codes only on a terminal: logs redirected to files stay plain.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    init_logs(default_level);
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {

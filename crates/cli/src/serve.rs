@@ -4,28 +4,65 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 
 use anyhow::Context;
+use siesta_sandbox::config_file::{ConfigFile, ServerSection};
 use siesta_sandbox::{preflight, template, Node, NodeConfig, SandboxManager};
 
+/// Each flag overrides `[server]` of `siesta.toml`, which overrides the
+/// default named here.
 #[derive(clap::Args)]
 pub struct ServeArgs {
-    /// Address of the API.
-    #[arg(long, default_value = "127.0.0.1:3000")]
-    listen: SocketAddr,
-    /// Template to keep pre-spawned VMMs for.
-    #[arg(long, default_value = "base")]
-    warm_template: String,
+    /// Address of the API (default 127.0.0.1:3000).
+    #[arg(long)]
+    listen: Option<SocketAddr>,
+    /// Template to keep pre-spawned VMMs for (default `base`).
+    #[arg(long)]
+    warm_template: Option<String>,
     /// The domain of sandbox host names `{port}-{sandboxID}.{domain}` that
     /// `get_host()` gives (default `localhost:{listen port}`: names under
     /// `.localhost` resolve to this machine, see docs/configuration.md).
     #[arg(long, env = "SIESTA_SANDBOX_DOMAIN")]
     sandbox_domain: Option<String>,
-    /// Size limit of a volume created without one, in MiB.
-    #[arg(long, env = "SIESTA_VOLUME_SIZE_MIB", default_value_t = siesta_volume::DEFAULT_SIZE_LIMIT_MIB)]
+    /// Size limit of a volume created without one, in MiB (default 10240).
+    #[arg(long, env = "SIESTA_VOLUME_SIZE_MIB")]
+    volume_size_mib: Option<u64>,
+}
+
+/// The server's settings once flags, environment and file are merged.
+struct Settings {
+    listen: SocketAddr,
+    warm_template: String,
+    sandbox_domain: Option<String>,
     volume_size_mib: u64,
+}
+
+impl ServeArgs {
+    fn resolve(self, file: &ServerSection) -> anyhow::Result<Settings> {
+        let listen = match (self.listen, &file.listen) {
+            (Some(l), _) => l,
+            (None, Some(l)) => l
+                .parse()
+                .with_context(|| format!("server.listen {l:?} in siesta.toml"))?,
+            (None, None) => SocketAddr::from(([127, 0, 0, 1], 3000)),
+        };
+        Ok(Settings {
+            listen,
+            warm_template: self
+                .warm_template
+                .or_else(|| file.warm_template.clone())
+                .unwrap_or_else(|| "base".into()),
+            sandbox_domain: self.sandbox_domain.or_else(|| file.sandbox_domain.clone()),
+            volume_size_mib: self
+                .volume_size_mib
+                .or(file.volume_size_mib)
+                .unwrap_or(siesta_volume::DEFAULT_SIZE_LIMIT_MIB),
+        })
+    }
 }
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let config = NodeConfig::from_env().map_err(anyhow::Error::msg)?;
+    let file = ConfigFile::load(&config.home).map_err(anyhow::Error::msg)?;
+    let args = args.resolve(&file.server)?;
     if !preflight_passes(&config, &args.warm_template) {
         return Ok(ExitCode::FAILURE);
     }

@@ -118,13 +118,17 @@ impl NodeConfig {
         }
     }
 
-    /// Reads `SIESTA_HOME` (default `/var/lib/siesta`), `SIESTA_ACCEL`,
-    /// `SIESTA_NET_TAG` and `SIESTA_NET_SUBNET` (a second instance on the host).
+    /// Reads `SIESTA_HOME` (default `/var/lib/siesta`), then the
+    /// configuration file (`siesta.toml`, [`crate::config_file`]), then the
+    /// environment (`SIESTA_ACCEL`, `SIESTA_NET_TAG`, `SIESTA_NET_SUBNET`,
+    /// ...), each overriding the one before.
     pub fn from_env() -> Result<Self, String> {
         let home = std::env::var_os("SIESTA_HOME")
             .map(PathBuf::from)
             .unwrap_or_else(|| PathBuf::from("/var/lib/siesta"));
-        let mut config = Self::new(home);
+        let mut config = Self::new(&home);
+        // The file first: the environment overrides it.
+        crate::config_file::ConfigFile::load(&home)?.apply(&mut config)?;
         if let Ok(accel) = std::env::var("SIESTA_ACCEL") {
             config.accel = accel.parse()?;
         }

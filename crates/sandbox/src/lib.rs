@@ -7,6 +7,7 @@
 //! `siesta-vmm` and `siesta-net`, held by the [`node`].
 
 pub mod config;
+pub mod config_file;
 pub mod console;
 pub mod envd;
 pub mod error;
