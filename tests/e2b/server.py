@@ -21,19 +21,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def net_tag() -> str:
-    """A network tag of 1..6 lowercase letters, unique per test run."""
+def net_tag(prefix: str = "py") -> str:
+    """A network tag of 1..6 lowercase letters, unique per test run; a
+    second server in the same run needs another `prefix` (a server starting
+    removes whatever network namespaces of its tag it finds)."""
     n = os.getpid()
     letters = ""
     for _ in range(4):
         letters += chr(ord("a") + n % 26)
         n //= 26
-    return "py" + letters
+    return prefix + letters
 
 
-def net_subnet() -> str:
-    """A /16 for this run's slots, away from the default 10.250.0.0/16."""
-    return f"10.{200 + os.getpid() % 40}.0.0/16"
+def net_subnet(base: int = 200, span: int = 40) -> str:
+    """A /16 for this run's slots, away from the default 10.250.0.0/16; a
+    second server in the same run needs another range (`base`, `span`)."""
+    return f"10.{base + os.getpid() % span}.0.0/16"
 
 
 def netns_of(tag: str) -> list[str]:
@@ -63,13 +66,15 @@ def pids_using(path: Path) -> list[int]:
 
 
 class SiestaServer:
-    def __init__(self, binary: Path, home: Path, log: Path):
+    def __init__(self, binary: Path, home: Path, log: Path, second: bool = False):
+        """`second`: a server beside the session's, with its own network
+        tag and subnet (never the session server's slots)."""
         self.binary = binary
         self.home = home
         self.log_path = log
         self.port = free_port()
-        self.tag = net_tag()
-        self.subnet = net_subnet()
+        self.tag = net_tag("pc" if second else "py")
+        self.subnet = net_subnet(240, 10) if second else net_subnet()
         self.proc: subprocess.Popen | None = None
         self.url = f"http://127.0.0.1:{self.port}"
 

@@ -11,13 +11,14 @@ import subprocess
 import httpx
 
 from conftest import BINARY, _build_template, _prepare_home
-from server import SiestaServer, netns_of
+from server import SiestaServer, net_tag, netns_of
 
 
 def test_the_server_reads_its_configuration_file(tmp_path):
     home = _prepare_home()
     log = tmp_path / "siesta.log"
-    server = SiestaServer(BINARY, home, log)
+    # Its own network tag: the session's server runs meanwhile.
+    server = SiestaServer(BINARY, home, log, second=True)
     try:
         _build_template(home, log)
         (home / "siesta.toml").write_text(
@@ -43,7 +44,12 @@ def test_an_unknown_key_stops_the_server_and_is_named(tmp_path):
     (home / "siesta.toml").write_text("[node]\nmax_slot = 4\n")
     done = subprocess.run(
         [str(BINARY), "serve", "--listen", "127.0.0.1:1"],
-        env={"SIESTA_HOME": str(home), "PATH": "/usr/bin:/bin:/usr/sbin:/sbin"},
+        env={
+            "SIESTA_HOME": str(home),
+            "PATH": "/usr/bin:/bin:/usr/sbin:/sbin",
+            # Never the session server's slots, should it get that far.
+            "SIESTA_NET_TAG": net_tag("pd"),
+        },
         capture_output=True,
         text=True,
         timeout=60,
