@@ -69,10 +69,9 @@ fn init_logs(default_level: &str) {
     let json = match std::env::var("SIESTA_LOG_FORMAT") {
         Ok(f) => f.eq_ignore_ascii_case("json"),
         Err(_) => {
-            let home = std::env::var_os("SIESTA_HOME").unwrap_or_else(|| "/var/lib/siesta".into());
+            let home = siesta_sandbox::config::home_from_env();
             // A broken file is reported by the command that reads it.
-            ConfigFile::load(std::path::Path::new(&home))
-                .is_ok_and(|f| f.server.log_format == Some(LogFormat::Json))
+            ConfigFile::load(&home).is_ok_and(|f| f.server.log_format == Some(LogFormat::Json))
         }
     };
     let filter = tracing_subscriber::EnvFilter::try_from_env("SIESTA_LOG")

@@ -123,9 +123,7 @@ impl NodeConfig {
     /// environment (`SIESTA_ACCEL`, `SIESTA_NET_TAG`, `SIESTA_NET_SUBNET`,
     /// ...), each overriding the one before.
     pub fn from_env() -> Result<Self, String> {
-        let home = std::env::var_os("SIESTA_HOME")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from("/var/lib/siesta"));
+        let home = home_from_env();
         let mut config = Self::new(&home);
         // The file first: the environment overrides it.
         crate::config_file::ConfigFile::load(&home)?.apply(&mut config)?;
@@ -184,6 +182,13 @@ impl NodeConfig {
             None => layout,
         }
     }
+}
+
+/// The data directory: `SIESTA_HOME`, default `/var/lib/siesta`.
+pub fn home_from_env() -> PathBuf {
+    std::env::var_os("SIESTA_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/lib/siesta"))
 }
 
 /// `0` or `1` from the environment; unset is `None`.

@@ -40,9 +40,6 @@ use crate::template::Template;
 pub struct PausedMeta {
     pub sandbox: String,
     pub template: String,
-    /// Only the disk was kept (no `state.bin`): the resume cold-boots.
-    #[serde(default)]
-    pub disk_only: bool,
     /// Paused by a manager that is not the server (a bench): a server's
     /// recovery leaves it alone, as it has no row for it.
     #[serde(default)]
@@ -80,7 +77,6 @@ pub(crate) fn publish(
     let meta = PausedMeta {
         sandbox: id.to_string(),
         template: template.record.name.clone(),
-        disk_only: state.is_none(),
         ephemeral,
     };
     let file = |role: &str, source: &Path, placement, sha256| PublishFile {

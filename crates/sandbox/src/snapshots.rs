@@ -41,10 +41,6 @@ pub struct UserSnapshotMeta {
     /// made from the snapshot serves them too.
     #[serde(default)]
     pub volume_mounts: Vec<VolumeMount>,
-    /// Only the disk was kept (E2B's filesystem-only snapshot): sandboxes
-    /// made from it cold-boot.
-    #[serde(default)]
-    pub disk_only: bool,
 }
 
 /// A user snapshot as callers see it.
@@ -188,7 +184,6 @@ impl SandboxManager {
             names: names.clone(),
             guest_token: capture.guest_token.clone(),
             volume_mounts: capture.volume_mounts.clone(),
-            disk_only: capture.disk_only,
         };
         let file = |role: &str, source: &Path, sha256| PublishFile {
             role: role.to_string(),
@@ -262,9 +257,10 @@ impl SandboxManager {
                 path: repo.snapshot_dir(&snap.id),
                 detail: format!("bad snapshot record: {e}"),
             })?;
-        let state = match meta.disk_only {
-            true => None,
-            false => Some(verified_state(&repo, snap).await?),
+        // A filesystem-only snapshot has no state: its sandboxes cold-boot.
+        let state = match snap.files.contains_key(STATE) {
+            true => Some(verified_state(&repo, snap).await?),
+            false => None,
         };
         let disk = repo.file_path(snap, DISK)?;
         if !req.volume_mounts.is_empty() && req.volume_mounts != meta.volume_mounts {

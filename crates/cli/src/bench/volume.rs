@@ -57,9 +57,8 @@ pub async fn run(args: VolumeArgs) -> anyhow::Result<ExitCode> {
         bail!("give at least one sample, --mib and --files of 1 or more");
     }
     // A scratch registry of its own, removed at the end.
-    let home = std::env::var("SIESTA_HOME").unwrap_or_else(|_| "/var/lib/siesta".into());
-    let dir =
-        std::path::Path::new(&home).join(format!("cache/bench-volumes-{}", std::process::id()));
+    let home = siesta_sandbox::config::home_from_env();
+    let dir = home.join(format!("cache/bench-volumes-{}", std::process::id()));
     let volumes = Arc::new(siesta_volume::Volumes::open(&dir, 64 * 1024)?);
     let outcome = async {
         let volume = volumes.create("bench", None)?;
