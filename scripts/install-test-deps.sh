@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what only the tests need (make test calls it after
 # install-deps.sh): an OCI registry server and the tools that make and push
-# images without Docker, htpasswd for a registry that needs a password, and
+# images without Docker, htpasswd for a registry that needs a password,
+# openssl for the egress tests' HTTPS listener, and
 # Node.js with npm for the JS SDK's test (only when no node is installed: the
 # machine's own, newer one is never replaced). Idempotent; run as root on Debian 12.
 #
@@ -16,6 +17,7 @@ declare -A NEED=(
   [skopeo]=skopeo
   [umoci]=umoci
   [htpasswd]=apache2-utils
+  [openssl]=openssl
   [node]=nodejs
   [npm]=npm
 )

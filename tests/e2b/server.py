@@ -75,6 +75,9 @@ class SiestaServer:
         self.port = free_port()
         self.tag = net_tag("pc" if second else "py")
         self.subnet = net_subnet(240, 10) if second else net_subnet()
+        # Where the egress proxy asks for allowed domains' addresses: a DNS
+        # server a test starts there (dns_answer.py) when it needs one.
+        self.egress_dns_port = free_port()
         self.proc: subprocess.Popen | None = None
         self.url = f"http://127.0.0.1:{self.port}"
 
@@ -84,6 +87,7 @@ class SiestaServer:
             SIESTA_HOME=str(self.home),
             SIESTA_NET_TAG=self.tag,
             SIESTA_NET_SUBNET=self.subnet,
+            SIESTA_EGRESS_DNS=f"127.0.0.1:{self.egress_dns_port}",
             RUST_LOG=os.environ.get("RUST_LOG", "info"),
         )
         return env

@@ -7,7 +7,9 @@ those addresses are ever tried, and `ip route get` first shows that they
 route to the test's veth. From inside sandboxes: an address rule lets one
 through and keeps the other out, allow wins over deny and over internet
 off, the rules outlive a pause, and `PUT /sandboxes/{id}/network` changes
-them live. What cannot be enforced (domain names) is refused.
+them live. Domain rules go through the slot's egress proxy, with names
+answered by a DNS server the test runs (dns_answer.py, the server's
+SIESTA_EGRESS_DNS). What cannot be enforced is refused.
 """
 
 from __future__ import annotations
@@ -17,11 +19,16 @@ import socket
 import subprocess
 import time
 
+import tempfile
+from pathlib import Path
+
 import httpx
 import pytest
+from dns_answer import DnsAnswer
 from e2b import Sandbox
 
 PORT = 8080
+HERE = Path(__file__).parent
 
 
 def _ip(*args: str) -> None:
@@ -30,14 +37,18 @@ def _ip(*args: str) -> None:
 
 @pytest.fixture()
 def internet(siesta):
-    """(allowed address, denied address) in a namespace with listeners."""
+    """(allowed address, denied address) in a namespace with listeners:
+    HTTP on 8080 and 80, HTTPS on 443, each serving a `who` file that
+    names its address."""
     n = os.getpid() % 250
     net = f"198.18.{n}"
     ns = f"siesta-inet-{os.getpid()}"
     host_if, peer_if = f"vinet{os.getpid() % 100000}", "inet0"
     servers: list[subprocess.Popen] = []
+    scratch = tempfile.TemporaryDirectory(prefix="siesta-inet-", dir="/var/tmp")
     _ip("netns", "add", ns)
     try:
+        cert, key = _self_signed(Path(scratch.name))
         _ip("link", "add", host_if, "type", "veth", "peer", "name", peer_if, "netns", ns)
         _ip("addr", "add", f"{net}.1/24", "dev", host_if)
         _ip("link", "set", host_if, "up")
@@ -51,11 +62,16 @@ def internet(siesta):
             route = subprocess.run(["ip", "route", "get", a], capture_output=True,
                                    text=True, check=True).stdout
             assert f"dev {host_if}" in route, route
+            site = Path(scratch.name) / a
+            site.mkdir()
+            (site / "who").write_text(a)
             servers.append(subprocess.Popen(
-                ["ip", "netns", "exec", ns, "python3", "-m", "http.server", str(PORT),
-                 "--bind", a], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+                ["ip", "netns", "exec", ns, "python3", str(HERE / "inet_server.py"),
+                 a, str(site), str(cert), str(key)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         for a in (f"{net}.2", f"{net}.3"):
-            _wait_listening(a)
+            for port in (PORT, 80, 443):
+                _wait_listening(a, port)
         yield f"{net}.2", f"{net}.3"
     finally:
         for p in servers:
@@ -63,13 +79,33 @@ def internet(siesta):
             p.wait(timeout=10)
         subprocess.run(["ip", "link", "del", host_if], check=False, capture_output=True)
         subprocess.run(["ip", "netns", "del", ns], check=False, capture_output=True)
+        scratch.cleanup()
 
 
-def _wait_listening(addr: str) -> None:
+def _self_signed(dir: Path) -> tuple[Path, Path]:
+    cert, key = dir / "cert.pem", dir / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-subj", "/CN=siesta-egress-test", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True)
+    return cert, key
+
+
+@pytest.fixture()
+def dns(siesta):
+    """The DNS server the session server's egress proxy asks."""
+    server = DnsAnswer(siesta.egress_dns_port)
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def _wait_listening(addr: str, port: int = PORT) -> None:
     deadline = time.monotonic() + 20
     while True:
         try:
-            with socket.create_connection((addr, PORT), timeout=1):
+            with socket.create_connection((addr, port), timeout=1):
                 return
         except OSError:
             if time.monotonic() > deadline:
@@ -124,10 +160,95 @@ def test_address_rules_let_one_through_and_keep_the_other_out(siesta, internet):
 
 def test_rules_that_cannot_be_enforced_are_refused(siesta):
     for network, says in [
-        ({"allow_out": ["example.com"]}, "domain rules"),
+        ({"deny_out": ["example.com"]}, "only allowed in allowOut"),
+        ({"allow_out": ["*.com"]}, "a wildcard needs"),
         ({"deny_out": ["10.0.0.0/40"]}, "longer than 32"),
         ({"mask_request_host": "${PORT}-x.example.com"}, "network.maskRequestHost"),
     ]:
         with pytest.raises(Exception) as err:
             Sandbox.create("base", network=network)
         assert says in str(err.value), (network, str(err.value))
+
+
+def _fetch(sbx: Sandbox, tries: dict[str, str]) -> dict[str, str]:
+    """Runs every `curl` argument string of `tries` at once inside `sbx`
+    (each with a 5 s limit); the body (or HTTP code, with `-w`) each got,
+    "" where the connection failed."""
+    script = " ".join(
+        f"(out=$(curl -sk -m 5 {args}) && echo \"{key}=$out\" || echo \"{key}=\") &"
+        for key, args in tries.items()
+    )
+    out = sbx.commands.run(f"{script} wait", timeout=60).stdout
+    got = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    assert set(got) == set(tries), out
+    return got
+
+
+def test_domain_rules_go_through_the_egress_proxy(siesta, internet, dns):
+    allowed, denied = internet
+    dns.answers = {
+        "allowed.test": allowed,
+        "a.wild.test": allowed,
+        "wild.test": allowed,
+        "other.test": allowed,
+        "rebound.test": denied,
+        "local.test": "127.0.0.1",
+    }
+    network = {
+        "allow_out": ["allowed.test", "*.wild.test", "rebound.test", "local.test"],
+        "deny_out": ["0.0.0.0/0", f"{denied}/32"],
+    }
+    sbx = Sandbox.create("base", timeout=300, network=network)
+    try:
+        # The guest picks the denied address for an allowed name: the proxy
+        # connects to what the name resolves to instead (the `who` says so).
+        via_wrong = f"--resolve allowed.test:443:{denied} --resolve allowed.test:80:{denied}"
+        got = _fetch(sbx, {
+            "tls": f"{via_wrong} https://allowed.test/who",
+            "http": f"{via_wrong} http://allowed.test/who",
+            "wild": f"--resolve a.wild.test:443:{allowed} https://a.wild.test/who",
+            "apex": f"--resolve wild.test:443:{allowed} https://wild.test/who",
+            "other_tls": f"--resolve other.test:443:{allowed} https://other.test/who",
+            "other_http": f"-o /dev/null -w '%{{http_code}}' "
+                          f"--resolve other.test:80:{allowed} http://other.test/who",
+            "rebound": f"--resolve rebound.test:443:{allowed} https://rebound.test/who",
+            "local": f"--resolve local.test:443:{allowed} https://local.test/who",
+            "no_name": f"http://{allowed}:{PORT}/who",
+        })
+        assert got == {
+            "tls": allowed, "http": allowed, "wild": allowed,
+            # `*.wild.test` is the names below it, not wild.test itself.
+            "apex": "",
+            # Names no rule allows fall back to the address rules: deny all.
+            "other_tls": "", "other_http": "403",
+            # An allowed name never leads to a denied or local address.
+            "rebound": "", "local": "",
+            # Other ports follow the address rules alone.
+            "no_name": "",
+        }, got
+        assert "other.test" not in dns.asked, "names no rule allows are never resolved"
+
+        info = siesta.api("GET", f"/sandboxes/{sbx.sandbox_id}").json()
+        assert info["network"]["allowOut"] == network["allow_out"], info["network"]
+
+        # The rules outlive a pause (the resumed VM may get another slot,
+        # whose proxy starts with the rules) ...
+        assert sbx.pause() is True
+        sbx = Sandbox.connect(sbx.sandbox_id)
+        got = _fetch(sbx, {
+            "allowed": f"--resolve allowed.test:443:{allowed} https://allowed.test/who",
+            "other": f"--resolve other.test:443:{allowed} https://other.test/who",
+        })
+        assert got == {"allowed": allowed, "other": ""}, got
+
+        # ... and change live.
+        r = siesta.api("PUT", f"/sandboxes/{sbx.sandbox_id}/network",
+                       json={"allowOut": ["other.test"], "denyOut": ["0.0.0.0/0"]})
+        assert r.status_code == 204, r.text
+        got = _fetch(sbx, {
+            "allowed": f"--resolve allowed.test:443:{allowed} https://allowed.test/who",
+            "other": f"--resolve other.test:443:{allowed} https://other.test/who",
+        })
+        assert got == {"allowed": "", "other": allowed}, got
+    finally:
+        sbx.kill()

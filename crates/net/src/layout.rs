@@ -29,6 +29,15 @@ pub const NS_VETH_NAME: &str = "veth0";
 pub const FAKE_GUEST_IF: &str = "eth0";
 /// Port of the guest agent (envd).
 pub const AGENT_PORT: u16 = 49983;
+/// Port of a slot's egress proxy on `GATEWAY_ADDR` (see [`crate::egress`]).
+pub const EGRESS_PROXY_PORT: u16 = 15001;
+/// The name servers a guest's `/etc/resolv.conf` lists (set by the agent
+/// at boot); reachable on port 53 whenever a policy has domain rules, so
+/// that names still resolve under a deny-all rule.
+pub const GUEST_NAMESERVERS: [std::net::Ipv4Addr; 2] = [
+    std::net::Ipv4Addr::new(1, 1, 1, 1),
+    std::net::Ipv4Addr::new(8, 8, 8, 8),
+];
 /// Name of the per-namespace nftables table.
 pub const NS_TABLE: &str = "siesta";
 /// Tag used when the caller gives none.

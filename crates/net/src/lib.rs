@@ -13,6 +13,7 @@
 //! [`SlotPool::acquire`], taken back by [`SlotPool::release`].
 
 mod cmd;
+pub mod egress;
 pub mod error;
 mod host;
 pub mod layout;
@@ -22,6 +23,7 @@ pub mod policy;
 mod pool;
 mod slot;
 
+pub use egress::{DomainPattern, EgressProxy, Resolver};
 pub use error::{NetError, Result};
 pub use layout::{SlotLayout, Subnet, Tag};
 pub use netns::spawn_in_netns;

@@ -4,19 +4,25 @@
 use std::fmt::Write as _;
 
 use crate::layout::{
-    SlotLayout, Subnet, Tag, GUEST_ADDR, GUEST_NET, GUEST_PREFIX, NS_TABLE, NS_VETH_NAME, TAP_NAME,
+    SlotLayout, Subnet, Tag, EGRESS_PROXY_PORT, GUEST_ADDR, GUEST_NAMESERVERS, GUEST_NET,
+    GUEST_PREFIX, NS_TABLE, NS_VETH_NAME, TAP_NAME,
 };
 use crate::policy::EgressPolicy;
 
 /// Name of the filter chain inside the slot table that enforces the policy.
 pub const EGRESS_CHAIN: &str = "egress";
+/// Name of the nat chain that sends ports 80 and 443 to the egress proxy
+/// when the policy has domain rules.
+pub const REDIRECT_CHAIN: &str = "egress_redirect";
 
 /// The per-namespace table, replacing any previous one atomically:
 /// - prerouting: traffic for the slot address arriving from the host is
 ///   DNATed to the guest (all ports; the agent listens on 49983);
 /// - postrouting: guest traffic leaving towards the host is SNATed to the
 ///   slot address;
-/// - egress: the guest's egress policy.
+/// - egress: the guest's egress policy;
+/// - egress_redirect: the guest's web traffic to the egress proxy, when the
+///   policy has domain rules.
 pub fn slot_table(layout: &SlotLayout, policy: &EgressPolicy) -> String {
     let mut s = String::new();
     // Declare-then-delete makes the script valid whether or not it exists.
@@ -54,22 +60,60 @@ pub fn slot_table(layout: &SlotLayout, policy: &EgressPolicy) -> String {
         let _ = writeln!(s, "    {rule}");
     }
     let _ = writeln!(s, "  }}");
+    let _ = writeln!(s, "  chain {REDIRECT_CHAIN} {{");
+    let _ = writeln!(
+        s,
+        "    type nat hook prerouting priority dstnat; policy accept;"
+    );
+    for rule in redirect_rules(policy) {
+        let _ = writeln!(s, "    {rule}");
+    }
+    let _ = writeln!(s, "  }}");
     let _ = writeln!(s, "}}");
     s
 }
 
-/// Replaces only the egress chain's rules (the chain keeps its hook).
+/// Replaces only the policy's chains' rules (the chains keep their hooks).
 pub fn policy_update(policy: &EgressPolicy) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "flush chain ip {NS_TABLE} {EGRESS_CHAIN}");
+    let _ = writeln!(s, "flush chain ip {NS_TABLE} {REDIRECT_CHAIN}");
     let _ = writeln!(s, "table ip {NS_TABLE} {{");
     let _ = writeln!(s, "  chain {EGRESS_CHAIN} {{");
     for rule in egress_rules(policy) {
         let _ = writeln!(s, "    {rule}");
     }
     let _ = writeln!(s, "  }}");
+    let _ = writeln!(s, "  chain {REDIRECT_CHAIN} {{");
+    for rule in redirect_rules(policy) {
+        let _ = writeln!(s, "    {rule}");
+    }
+    let _ = writeln!(s, "  }}");
     let _ = writeln!(s, "}}");
     s
+}
+
+/// Prerouting rules that send the guest's new TCP connections to ports 80
+/// and 443 to the slot's egress proxy, except those to an `allow_out`
+/// address (which the egress chain lets through as they are). Empty
+/// without domain rules.
+pub fn redirect_rules(policy: &EgressPolicy) -> Vec<String> {
+    if !policy.has_domains() {
+        return Vec::new();
+    }
+    let except = if policy.allow_out.is_empty() {
+        String::new()
+    } else {
+        format!("ip daddr != {} ", cidr_set(&policy.allow_out))
+    };
+    vec![format!(
+        "iifname \"{TAP_NAME}\" {except}tcp dport {{ 80, 443 }} redirect to :{EGRESS_PROXY_PORT}"
+    )]
+}
+
+fn cidr_set(cidrs: &[crate::Cidr]) -> String {
+    let items: Vec<String> = cidrs.iter().map(ToString::to_string).collect();
+    format!("{{ {} }}", items.join(", "))
 }
 
 /// Forward-hook rules for traffic the guest sends, in the policy's order of
@@ -80,16 +124,26 @@ pub fn egress_rules(policy: &EgressPolicy) -> Vec<String> {
     if policy.allow_internet && !policy.has_rules() {
         return vec![format!("{tap} accept")];
     }
-    let set = |cidrs: &[crate::Cidr]| {
-        let items: Vec<String> = cidrs.iter().map(ToString::to_string).collect();
-        format!("{{ {} }}", items.join(", "))
-    };
     let mut rules = vec![format!("{tap} ct state established,related accept")];
     if !policy.allow_out.is_empty() {
-        rules.push(format!("{tap} ip daddr {} accept", set(&policy.allow_out)));
+        rules.push(format!(
+            "{tap} ip daddr {} accept",
+            cidr_set(&policy.allow_out)
+        ));
+    }
+    if policy.has_domains() {
+        // Names must resolve for domain rules to be usable, as in E2B.
+        let servers: Vec<String> = GUEST_NAMESERVERS.iter().map(|a| a.to_string()).collect();
+        rules.push(format!(
+            "{tap} ip daddr {{ {} }} meta l4proto {{ tcp, udp }} th dport 53 accept",
+            servers.join(", ")
+        ));
     }
     if !policy.deny_out.is_empty() {
-        rules.push(format!("{tap} ip daddr {} drop", set(&policy.deny_out)));
+        rules.push(format!(
+            "{tap} ip daddr {} drop",
+            cidr_set(&policy.deny_out)
+        ));
     }
     let last = if policy.allow_internet {
         "accept"
@@ -198,7 +252,9 @@ mod tests {
             allow_internet: false,
             allow_out: vec!["10.9.0.2".parse().unwrap()],
             deny_out: vec!["10.9.0.0/24".parse().unwrap(), "0.0.0.0/0".parse().unwrap()],
+            allow_domains: Vec::new(),
         };
+        assert!(redirect_rules(&policy).is_empty());
         assert_eq!(
             egress_rules(&policy),
             [
@@ -219,6 +275,34 @@ mod tests {
                 "iifname \"tap0\" accept",
             ]
         );
+    }
+
+    #[test]
+    fn domain_rules_send_web_traffic_to_the_proxy_and_let_dns_out() {
+        let policy = EgressPolicy {
+            allow_internet: true,
+            allow_out: vec!["10.9.0.2".parse().unwrap()],
+            deny_out: vec!["0.0.0.0/0".parse().unwrap()],
+            allow_domains: vec!["*.allowed.test".parse().unwrap()],
+        };
+        assert_eq!(
+            redirect_rules(&policy),
+            [
+                "iifname \"tap0\" ip daddr != { 10.9.0.2/32 } tcp dport { 80, 443 } \
+              redirect to :15001"
+            ]
+        );
+        assert_eq!(
+            egress_rules(&policy)[2],
+            "iifname \"tap0\" ip daddr { 1.1.1.1, 8.8.8.8 } meta l4proto { tcp, udp } \
+             th dport 53 accept"
+        );
+        let u = policy_update(&policy);
+        assert!(u.contains("flush chain ip siesta egress_redirect\n"));
+        assert!(u.contains("  chain egress_redirect {\n    iifname"));
+        let t = slot_table(&layout(), &EgressPolicy::default());
+        assert!(t.contains("chain egress_redirect {\n    type nat hook prerouting"));
+        assert_eq!(t.matches('{').count(), t.matches('}').count());
     }
 
     #[test]

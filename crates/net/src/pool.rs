@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use tokio::sync::{Mutex, RwLock};
 
+use crate::egress::Resolver;
 use crate::error::{NetError, Result};
 use crate::host;
 use crate::layout::{check_capacity, SlotLayout, Subnet, Tag, DEFAULT_TAG};
@@ -24,6 +25,9 @@ pub struct NetConfig {
     pub warm: usize,
     /// `Tap` in production; `Veth` only for tests without a VMM.
     pub guest_link: GuestLink,
+    /// The name server the egress proxy resolves allowed domains with
+    /// (`None`: the host's resolver).
+    pub egress_dns: Option<std::net::SocketAddr>,
 }
 
 impl Default for NetConfig {
@@ -34,6 +38,7 @@ impl Default for NetConfig {
             capacity: 1024,
             warm: 4,
             guest_link: GuestLink::Tap,
+            egress_dns: None,
         }
     }
 }
@@ -72,6 +77,7 @@ struct Shared {
     capacity: usize,
     warm_target: usize,
     guest_link: GuestLink,
+    resolver: Arc<Resolver>,
     state: Mutex<State>,
     /// Held shared by every slot creation, exclusively by shutdown, so that
     /// shutdown never races a half-built slot.
@@ -101,6 +107,7 @@ impl SlotPool {
                 capacity: config.capacity,
                 warm_target: config.warm,
                 guest_link: config.guest_link,
+                resolver: Arc::new(Resolver::new(config.egress_dns)),
                 state: Mutex::new(State {
                     phase: Phase::New,
                     warm: Vec::new(),
@@ -176,6 +183,7 @@ impl SlotPool {
             }
             st.phase == Phase::Running && st.warm.len() < self.shared.warm_target
         };
+        slot.stop_proxy().await;
         if keep {
             match slot.flush_conntrack().await {
                 Ok(()) => {
@@ -249,7 +257,7 @@ impl SlotPool {
             }
         };
         let index = layout.index;
-        match Slot::create(layout, sh.guest_link).await {
+        match Slot::create(layout, sh.guest_link, sh.resolver.clone()).await {
             Ok(slot) => {
                 sh.state.lock().await.stats.created += 1;
                 Ok(slot)

@@ -3,10 +3,12 @@
 
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use tokio::sync::Mutex;
 
 use crate::cmd;
+use crate::egress::{EgressProxy, Resolver};
 use crate::error::Result;
 use crate::layout::{
     SlotLayout, AGENT_PORT, FAKE_GUEST_IF, GATEWAY_ADDR, GUEST_ADDR, GUEST_MAC, GUEST_PREFIX,
@@ -49,10 +51,13 @@ pub struct Slot {
     /// Policy currently written in the ns table; `None` when unknown. The
     /// lock also serialises concurrent updates of one slot.
     policy: Mutex<Option<EgressPolicy>>,
+    /// The egress proxy, running while the policy has domain rules.
+    proxy: Mutex<Option<EgressProxy>>,
+    resolver: Arc<Resolver>,
 }
 
 impl Slot {
-    fn new(layout: SlotLayout, guest_link: GuestLink) -> Self {
+    fn new(layout: SlotLayout, guest_link: GuestLink, resolver: Arc<Resolver>) -> Self {
         Self {
             index: layout.index,
             netns_name: layout.netns_name.clone(),
@@ -65,6 +70,8 @@ impl Slot {
             guest_link,
             // `build` writes the default policy into the new table.
             policy: Mutex::new(Some(EgressPolicy::default())),
+            proxy: Mutex::new(None),
+            resolver,
         }
     }
 
@@ -96,10 +103,13 @@ impl Slot {
     }
 
     /// Writes the egress chain for `policy`, unless the slot already has
-    /// exactly this policy (then no nft call is made).
+    /// exactly this policy (then no nft call is made), and starts, updates
+    /// or stops the slot's egress proxy to match its domain rules.
     pub async fn apply_policy(&self, policy: &EgressPolicy) -> Result<PolicyUpdate> {
         let mut applied = self.policy.lock().await;
         let index = self.layout.index;
+        // The proxy first: the redirect must never point at no listener.
+        self.sync_proxy(policy).await?;
         if applied.as_ref() == Some(policy) {
             tracing::debug!(slot = index, ?policy, "egress policy unchanged, skipped");
             return Ok(PolicyUpdate::Skipped);
@@ -115,6 +125,35 @@ impl Slot {
         *applied = Some(policy.clone());
         tracing::debug!(slot = index, ?policy, "egress policy applied");
         Ok(PolicyUpdate::Applied)
+    }
+
+    /// Starts the proxy for a policy with domain rules (or hands it the new
+    /// rules); stops it for one without.
+    async fn sync_proxy(&self, policy: &EgressPolicy) -> Result<()> {
+        let mut proxy = self.proxy.lock().await;
+        match (&*proxy, policy.has_domains()) {
+            (Some(running), true) => running.update(policy.clone()),
+            (None, true) => {
+                *proxy = Some(
+                    EgressProxy::start(
+                        self.layout.scope(),
+                        self.netns_path(),
+                        self.resolver.clone(),
+                        policy.clone(),
+                    )
+                    .await?,
+                );
+            }
+            (_, false) => *proxy = None,
+        }
+        Ok(())
+    }
+
+    /// Stops the egress proxy and every connection it carries (the slot
+    /// changes hands); the next [`Slot::apply_policy`] starts it again if
+    /// the policy needs it.
+    pub(crate) async fn stop_proxy(&self) {
+        *self.proxy.lock().await = None;
     }
 
     /// Forgets which policy was applied, so the next [`Slot::apply_policy`]
@@ -136,9 +175,13 @@ impl Slot {
     }
 
     /// Creates every piece of the slot; on failure removes what was made.
-    pub(crate) async fn create(layout: SlotLayout, guest_link: GuestLink) -> Result<Self> {
+    pub(crate) async fn create(
+        layout: SlotLayout,
+        guest_link: GuestLink,
+        resolver: Arc<Resolver>,
+    ) -> Result<Self> {
         match build(&layout, guest_link).await {
-            Ok(()) => Ok(Self::new(layout, guest_link)),
+            Ok(()) => Ok(Self::new(layout, guest_link, resolver)),
             Err(e) => {
                 if let Err(cleanup) = destroy(&layout).await {
                     tracing::warn!(error = %cleanup, "cleanup after failed slot creation");

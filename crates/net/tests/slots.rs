@@ -219,6 +219,7 @@ async fn tap_slots_pool_reuse_and_policy() {
         capacity: 2,
         warm: 1,
         guest_link: GuestLink::Tap,
+        ..NetConfig::default()
     })
     .unwrap();
     pool.start().await.unwrap();
@@ -372,6 +373,7 @@ async fn host_reaches_guest_agent_through_slot_address() {
         capacity: 4,
         warm: 1,
         guest_link: GuestLink::Veth,
+        ..NetConfig::default()
     })
     .unwrap();
     pool.start().await.unwrap();

@@ -88,6 +88,10 @@ pub struct NodeConfig {
     /// `$SIESTA_HOME/ephemeral/<tag>-<pid>`), which a server starting
     /// meanwhile must not take for its own leftovers.
     pub sandbox_root: Option<PathBuf>,
+    /// The name server (`ADDR` or `ADDR:PORT`) the egress proxy resolves
+    /// the domains of `allowOut` rules with (`SIESTA_EGRESS_DNS`; unset:
+    /// the host's resolver).
+    pub egress_dns: Option<std::net::SocketAddr>,
 }
 
 impl NodeConfig {
@@ -115,6 +119,7 @@ impl NodeConfig {
             insecure_registries: Vec::new(),
             step_cache_mib: 16 << 10,
             sandbox_root: None,
+            egress_dns: None,
         }
     }
 
@@ -172,6 +177,10 @@ impl NodeConfig {
         if let Some(on) = env_flag("SIESTA_POLICY_SKIP")? {
             config.policy_skip = on;
         }
+        if let Ok(dns) = std::env::var("SIESTA_EGRESS_DNS") {
+            config.egress_dns =
+                Some(parse_dns(&dns).map_err(|e| format!("SIESTA_EGRESS_DNS: {e}"))?);
+        }
         Ok(config)
     }
 
@@ -189,6 +198,16 @@ pub fn home_from_env() -> PathBuf {
     std::env::var_os("SIESTA_HOME")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("/var/lib/siesta"))
+}
+
+/// A name server: `ADDR` (port 53) or `ADDR:PORT`.
+pub fn parse_dns(s: &str) -> Result<std::net::SocketAddr, String> {
+    let s = s.trim();
+    if let Ok(ip) = s.parse::<std::net::IpAddr>() {
+        return Ok(std::net::SocketAddr::new(ip, 53));
+    }
+    s.parse()
+        .map_err(|_| format!("{s:?} is not an address or address:port"))
 }
 
 /// `0` or `1` from the environment; unset is `None`.

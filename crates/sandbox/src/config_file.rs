@@ -64,6 +64,7 @@ pub struct NodeSection {
     pub policy_skip: Option<bool>,
     pub insecure_registries: Option<Vec<String>>,
     pub step_cache_mib: Option<u64>,
+    pub egress_dns: Option<String>,
 }
 
 /// `[server]`: what `siesta serve` takes (its flags override these).
@@ -140,6 +141,10 @@ impl ConfigFile {
             config.net_subnet = subnet
                 .parse()
                 .map_err(|e| format!("node.net_subnet: {e}"))?;
+        }
+        if let Some(dns) = &n.egress_dns {
+            config.egress_dns =
+                Some(crate::config::parse_dns(dns).map_err(|e| format!("node.egress_dns: {e}"))?);
         }
         if let Some(secs) = n.resume_ready_timeout_secs {
             config.resume_ready_timeout = Duration::from_secs(secs);

@@ -45,6 +45,7 @@ impl Node {
             subnet: config.net_subnet,
             capacity: config.max_slots,
             warm: config.warm_slots,
+            egress_dns: config.egress_dns,
             ..NetConfig::default()
         })
         .map_err(|source| Error::Net {

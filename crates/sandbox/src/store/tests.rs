@@ -94,6 +94,7 @@ fn a_record_round_trips_with_every_field() {
         allow_internet: false,
         allow_out: vec!["10.1.0.0/16".parse().unwrap()],
         deny_out: vec!["10.1.2.3".parse().unwrap()],
+        allow_domains: vec!["*.example.com".parse().unwrap()],
     };
     s.put(&r).unwrap();
     assert!(same(&s.get("x1").unwrap().unwrap(), &r));

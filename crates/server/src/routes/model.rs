@@ -46,7 +46,9 @@ pub fn detail(info: &SandboxInfo, domain: Option<&str>) -> Value {
         "trafficAccessToken": info.traffic_token,
         "allowInternetAccess": info.egress.allow_internet,
         "network": {
-            "allowOut": info.egress.allow_out,
+            "allowOut": info.egress.allow_out.iter().map(ToString::to_string)
+                .chain(info.egress.allow_domains.iter().map(ToString::to_string))
+                .collect::<Vec<_>>(),
             "denyOut": info.egress.deny_out,
         },
         "domain": domain,

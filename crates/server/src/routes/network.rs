@@ -5,7 +5,7 @@
 use axum::http::StatusCode;
 use serde::Deserialize;
 use serde_json::Value;
-use siesta_net::{Cidr, EgressPolicy};
+use siesta_net::{Cidr, DomainPattern, EgressPolicy};
 
 use crate::error::ApiError;
 
@@ -56,29 +56,52 @@ pub fn egress_policy(
              (supported: allowOut, denyOut, allowPublicTraffic)"
         )));
     }
-    policy.allow_out = cidrs("allowOut", &net.allow_out)?;
-    policy.deny_out = cidrs("denyOut", &net.deny_out)?;
+    for entry in &net.allow_out {
+        match rule("allowOut", entry)? {
+            Rule::Address(c) => policy.allow_out.push(c),
+            Rule::Domain(d) => policy.allow_domains.push(d),
+        }
+    }
+    for entry in &net.deny_out {
+        match rule("denyOut", entry)? {
+            Rule::Address(c) => policy.deny_out.push(c),
+            Rule::Domain(d) => {
+                return Err(bad(format!(
+                    "network.denyOut: domain names ({d}) are only allowed in allowOut, \
+                     as in E2B; deny everything (\"0.0.0.0/0\") and allow the names you need"
+                )))
+            }
+        }
+    }
     Ok(policy)
 }
 
-fn cidrs(field: &str, entries: &[String]) -> Result<Vec<Cidr>, ApiError> {
-    entries
-        .iter()
-        .map(|e| {
-            e.trim().parse::<Cidr>().map_err(|why| {
-                let looks_like_domain = e.chars().any(|c| c.is_ascii_alphabetic());
-                let msg = if looks_like_domain {
-                    format!(
-                        "network.{field}: domain rules ({e:?}) are not supported yet; \
-                         give IPv4 addresses or CIDRs"
-                    )
-                } else {
-                    format!("network.{field}: {why}")
-                };
-                ApiError::new(StatusCode::BAD_REQUEST, msg)
-            })
-        })
-        .collect()
+enum Rule {
+    Address(Cidr),
+    Domain(DomainPattern),
+}
+
+/// An entry of `allowOut`/`denyOut`: an IPv4 address or CIDR, or a domain
+/// name (`example.com`, `*.example.com`).
+fn rule(field: &str, entry: &str) -> Result<Rule, ApiError> {
+    let entry = entry.trim();
+    let looks_like_address = entry
+        .bytes()
+        .all(|b| b.is_ascii_digit() || b == b'.' || b == b'/' || b == b':');
+    if looks_like_address {
+        return entry
+            .parse()
+            .map(Rule::Address)
+            .map_err(|why| bad(format!("network.{field}: {why}")));
+    }
+    entry
+        .parse()
+        .map(Rule::Domain)
+        .map_err(|why| bad(format!("network.{field}: {why}")))
+}
+
+fn bad(msg: String) -> ApiError {
+    ApiError::new(StatusCode::BAD_REQUEST, msg)
 }
 
 fn is_empty(v: &Value) -> bool {
@@ -114,11 +137,31 @@ mod tests {
     }
 
     #[test]
+    fn domains_are_allow_rules() {
+        let net = body(serde_json::json!({
+            "allowOut": ["API.example.com", "*.pkg.dev", "10.0.0.0/8"],
+            "denyOut": ["0.0.0.0/0"],
+        }));
+        let p = egress_policy(None, Some(&net)).unwrap();
+        let domains: Vec<String> = p.allow_domains.iter().map(ToString::to_string).collect();
+        assert_eq!(domains, ["api.example.com", "*.pkg.dev"]);
+        assert_eq!(p.allow_out[0].to_string(), "10.0.0.0/8");
+    }
+
+    #[test]
     fn what_cannot_be_enforced_is_refused() {
         for (v, says) in [
             (
-                serde_json::json!({"allowOut": ["example.com"]}),
-                "domain rules",
+                serde_json::json!({"denyOut": ["example.com"]}),
+                "only allowed in allowOut",
+            ),
+            (
+                serde_json::json!({"allowOut": ["exa mple.com"]}),
+                "is not a domain name",
+            ),
+            (
+                serde_json::json!({"allowOut": ["*.com"]}),
+                "a wildcard needs",
             ),
             (
                 serde_json::json!({"denyOut": ["10.0.0.0/40"]}),
