@@ -252,3 +252,28 @@ def test_domain_rules_go_through_the_egress_proxy(siesta, internet, dns):
         assert got == {"allowed": "", "other": allowed}, got
     finally:
         sbx.kill()
+
+
+def test_rules_follow_snapshots_and_forks(siesta, internet):
+    allowed, denied = internet
+    both = [allowed, denied]
+    source = Sandbox.create("base", timeout=300, network={"deny_out": [denied]})
+    made: list[Sandbox] = [source]
+    try:
+        snap = source.create_snapshot()
+        # A create that gives no rules gets the source's ...
+        same = Sandbox.create(template=snap.snapshot_id, timeout=300)
+        made.append(same)
+        # ... one that gives its own gets those.
+        own = Sandbox.create(template=snap.snapshot_id, timeout=300,
+                             network={"deny_out": [allowed]})
+        made.append(own)
+        child = source.fork(count=1, timeout=300)[0]
+        made.append(child)
+        assert _reached(same, both) == [allowed]
+        assert _reached(own, both) == [denied]
+        assert _reached(child, both) == [allowed]
+        assert Sandbox.delete_snapshot(snap.snapshot_id) is True
+    finally:
+        for s in made:
+            s.kill()

@@ -43,7 +43,9 @@ pub struct CreateRequest {
     pub env_vars: HashMap<String, String>,
     pub metadata: HashMap<String, String>,
     /// What it may reach (E2B's `allow_internet_access` and `network`).
-    pub egress: EgressPolicy,
+    /// `None`: not given, so the default (the internet) for a template,
+    /// and the source's rules for a user snapshot.
+    pub egress: Option<EgressPolicy>,
     /// Its ports through the front door need a traffic access token (E2B's
     /// `allowPublicTraffic: false`); it gets its own.
     pub private_traffic: bool,
@@ -555,7 +557,7 @@ pub(crate) fn new_record(
         traffic_token: req.private_traffic.then(crate::ids::new_token),
         env_vars: template_env(template, &req.env_vars),
         metadata: req.metadata.clone(),
-        egress: req.egress.clone(),
+        egress: req.egress.clone().unwrap_or_default(),
         cpu_count: template.record.vcpus,
         memory_mb: template.record.memory_mib,
         disk_size_mb: template.record.disk.size >> 20,

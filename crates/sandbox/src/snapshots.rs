@@ -41,6 +41,11 @@ pub struct UserSnapshotMeta {
     /// made from the snapshot serves them too.
     #[serde(default)]
     pub volume_mounts: Vec<VolumeMount>,
+    /// The source's egress rules, which a sandbox made from the snapshot
+    /// gets unless its create request gives its own (absent in snapshots
+    /// taken before siesta kept them: then the default).
+    #[serde(default)]
+    pub egress: Option<siesta_net::EgressPolicy>,
 }
 
 /// A user snapshot as callers see it.
@@ -67,6 +72,7 @@ struct Capture {
     /// `state`'s SHA-256 where the save computed it.
     state_sha256: Option<String>,
     volume_mounts: Vec<VolumeMount>,
+    egress: siesta_net::EgressPolicy,
     /// Only the disk was captured (no `state`).
     disk_only: bool,
 }
@@ -118,6 +124,7 @@ impl SandboxManager {
             guest_token: sb.record.access_token.clone(),
             state_sha256: None,
             volume_mounts: sb.record.volume_mounts.clone(),
+            egress: sb.record.egress.clone(),
             disk_only: !memory,
         };
         let token = sb.record.access_token.clone();
@@ -184,6 +191,7 @@ impl SandboxManager {
             names: names.clone(),
             guest_token: capture.guest_token.clone(),
             volume_mounts: capture.volume_mounts.clone(),
+            egress: Some(capture.egress.clone()),
         };
         let file = |role: &str, source: &Path, sha256| PublishFile {
             role: role.to_string(),
@@ -271,6 +279,7 @@ impl SandboxManager {
         }
         let req = CreateRequest {
             volume_mounts: meta.volume_mounts.clone(),
+            egress: req.egress.or_else(|| meta.egress.clone()),
             ..req
         };
         let template = Template::open(&self.node.config.layout(), &meta.template)?;
@@ -347,7 +356,7 @@ impl SandboxManager {
             template: capture.template.record.name.clone(),
             env_vars: source.env_vars.clone(),
             metadata: source.metadata.clone(),
-            egress: source.egress.clone(),
+            egress: Some(source.egress.clone()),
             private_traffic: source.traffic_token.is_some(),
             timeout_secs,
             lifecycle: source.lifecycle,

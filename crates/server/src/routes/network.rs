@@ -41,6 +41,18 @@ impl NetworkBody {
     }
 }
 
+/// The policy a create asks for; `None` when it sets neither
+/// `allow_internet_access` nor address or domain rules (a sandbox made from
+/// a snapshot then keeps its source's rules).
+pub fn given_egress(
+    allow_internet: Option<bool>,
+    network: Option<&NetworkBody>,
+) -> Result<Option<EgressPolicy>, ApiError> {
+    let rules = network.is_some_and(|n| !n.allow_out.is_empty() || !n.deny_out.is_empty());
+    let policy = egress_policy(allow_internet, network)?;
+    Ok((allow_internet.is_some() || rules).then_some(policy))
+}
+
 /// The policy for `allow_internet_access` (default on) and `network`.
 pub fn egress_policy(
     allow_internet: Option<bool>,
@@ -134,6 +146,15 @@ mod tests {
         assert_eq!(p.deny_out[0].to_string(), "0.0.0.0/0");
         assert_eq!(egress_policy(None, None).unwrap(), EgressPolicy::default());
         assert!(!egress_policy(Some(false), None).unwrap().allow_internet);
+        // Nothing given is None (a snapshot's sandbox keeps its source's
+        // rules); what cannot be enforced is refused all the same.
+        let public = body(serde_json::json!({"allowPublicTraffic": true}));
+        assert_eq!(given_egress(None, Some(&public)).unwrap(), None);
+        assert_eq!(given_egress(None, None).unwrap(), None);
+        assert!(given_egress(Some(true), None).unwrap().is_some());
+        assert!(given_egress(None, Some(&net)).unwrap().is_some());
+        let bad = body(serde_json::json!({"maskRequestHost": "x"}));
+        assert!(given_egress(None, Some(&bad)).is_err());
     }
 
     #[test]

@@ -14,7 +14,7 @@ use sha2::{Digest, Sha256};
 use siesta_sandbox::sandbox::{Lifecycle, OnTimeout, SandboxState};
 use siesta_sandbox::CreateRequest;
 
-use super::network::{egress_policy, NetworkBody};
+use super::network::{egress_policy, given_egress, NetworkBody};
 use super::{body, model, optional_body, query, unsupported, AppState};
 use crate::error::ApiError;
 
@@ -123,7 +123,7 @@ pub async fn create(
         template,
         env_vars: req.env_vars,
         metadata: req.metadata,
-        egress: egress_policy(req.allow_internet_access, req.network.as_ref())?,
+        egress: given_egress(req.allow_internet_access, req.network.as_ref())?,
         private_traffic: req
             .network
             .as_ref()
