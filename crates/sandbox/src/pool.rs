@@ -110,7 +110,7 @@ impl VmmPool {
         for entry in stale {
             self.discard(entry).await;
         }
-        let waiting = self.ready.lock().await.get_mut(&name).and_then(Vec::pop);
+        let waiting = self.take_live(&name).await;
         let (entry, hit) = match waiting {
             Some(entry) => (entry, true),
             None => (self.spawn(template).await?, false),
@@ -120,6 +120,23 @@ impl VmmPool {
         }
         self.refill(template.clone());
         Ok((entry, hit))
+    }
+
+    /// A waiting VMM that is still alive: one that died while it waited
+    /// (killed from outside, out of memory) is discarded, never handed to
+    /// a resume that would then blame the snapshot.
+    async fn take_live(&self, name: &str) -> Option<PooledVm> {
+        loop {
+            let mut entry = self.ready.lock().await.get_mut(name).and_then(Vec::pop)?;
+            match entry.vm.try_exit_status() {
+                None => return Some(entry),
+                Some(status) => {
+                    tracing::warn!(template = name, vm = %entry.id, %status,
+                        "a pooled VMM had exited while it waited; discarded");
+                    self.discard(entry).await;
+                }
+            }
+        }
     }
 
     /// Removes the VMMs waiting for an earlier build of `template`.

@@ -319,9 +319,11 @@ fn done(mut guard: Cleanup<'_>, clock: StageClock, dir: PathBuf) -> Resumed {
 }
 
 /// A state file the VMM could not load is named in the error: it is most
-/// often corrupt or from another VMM.
+/// often corrupt or from another VMM. A VMM killed from outside while it
+/// loaded says nothing about the file: that is a VMM error.
 fn load_error(e: VmmError, state: &Path, id: &str) -> Error {
     match e {
+        VmmError::Exited { killed: true, .. } => Error::vmm(id.to_string(), e),
         VmmError::Migration { .. } | VmmError::StateFile { .. } | VmmError::Exited { .. } => {
             Error::CorruptSnapshot {
                 path: state.to_path_buf(),

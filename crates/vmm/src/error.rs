@@ -44,6 +44,9 @@ pub enum VmmError {
         pid: u32,
         during: String,
         status: String,
+        /// Killed by a signal (something outside stopped it), rather than
+        /// an exit of its own (such as QEMU refusing a state file).
+        killed: bool,
         log: PathBuf,
         log_tail: String,
     },

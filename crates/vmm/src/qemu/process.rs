@@ -155,6 +155,7 @@ impl QemuProcess {
                 .exit
                 .map(describe_status)
                 .unwrap_or_else(|| "still running".into()),
+            killed: self.exit.is_some_and(|st| st.signal().is_some()),
             log: self.log.clone(),
             log_tail: self.log_tail(),
         }
