@@ -68,6 +68,7 @@ pub(crate) fn lock_home(home: &Path) -> Result<std::fs::File> {
 /// doc) and returns the records to manage.
 pub(crate) fn recover(store: &Store, layout: &Layout) -> Result<Vec<SandboxRecord>> {
     kill_leftover_vmms(&layout.sandboxes());
+    remove_abandoned_builds(&layout.templates());
     let repo = Repository::open(layout.repo())?;
     let mut records = store.all()?;
     for rec in &mut records {
@@ -136,6 +137,19 @@ fn settle(rec: &mut SandboxRecord, dir: &Path, repo: &Repository) -> Result<bool
     Ok(before != (rec.state, rec.vmm_pid, rec.agent_addr))
 }
 
+/// Kills the build VMs of template builds whose process is gone (a server
+/// killed mid-build) and removes their directories; a build still running
+/// (a `siesta template build` beside the server) is left alone.
+fn remove_abandoned_builds(templates: &Path) {
+    for work in crate::template::work_dir::abandoned(templates) {
+        tracing::warn!(dir = %work.display(), "removing a template build a previous process left");
+        kill_leftover_vmms(&work);
+        if let Err(e) = std::fs::remove_dir_all(&work) {
+            tracing::warn!(dir = %work.display(), "removing leftover: {e}");
+        }
+    }
+}
+
 /// Deletes paused snapshots whose sandbox has no row.
 fn remove_orphan_pauses(repo: &Repository, known: &HashSet<&str>) {
     let Ok(aliases) = repo.aliases() else {
@@ -183,7 +197,7 @@ fn remove_orphans(sandboxes: &Path, known: &HashSet<&str>) {
 }
 
 /// SIGKILLs every QEMU process whose command line names a path under
-/// `sandboxes`, and waits until each is gone (a VMM still alive holds its
+/// `sandboxes` (or another directory), and waits until each is gone (a VMM still alive holds its
 /// disk's write lock, which a resume needs).
 fn kill_leftover_vmms(sandboxes: &Path) {
     let pids = leftover_vmms(Path::new("/proc"), sandboxes);

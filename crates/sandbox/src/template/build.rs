@@ -37,9 +37,7 @@ pub async fn build_template(node: &Node, opts: &BuildOptions) -> Result<Template
         )));
     }
     let image = check_assets(node, &opts.image)?;
-    let work = layout.templates().join(format!(".{}.building", opts.name));
-    let _ = std::fs::remove_dir_all(&work);
-    std::fs::create_dir_all(&work).ctx("creating template build directory", &work)?;
+    let work = super::work_dir::create(&layout.templates(), &opts.name)?;
     let record = match freeze_into(node, opts, &image, &work).await {
         Ok(r) => r,
         Err(e) => {

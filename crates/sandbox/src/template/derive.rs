@@ -88,9 +88,7 @@ pub async fn build_from_steps(node: &Node, build: &StepsBuild, log: &BuildLog) -
             }
         }
     }
-    let work = layout.templates().join(format!(".{}.building", build.name));
-    let _ = std::fs::remove_dir_all(&work);
-    std::fs::create_dir_all(&work).ctx("creating template build directory", &work)?;
+    let work = super::work_dir::create(&layout.templates(), &build.name)?;
     let result = assemble(node, build, &base, key, &work, log).await;
     let published = result.and_then(|rec| super::publish::publish_template(&layout, &rec, &work));
     let _ = std::fs::remove_dir_all(&work);

@@ -13,6 +13,7 @@ pub mod record;
 mod step_cache;
 pub mod steps;
 pub mod tags;
+pub(crate) mod work_dir;
 
 pub(crate) use build::{boot_spec, boot_until_healthy, VmSize};
 pub use build::{build_template, cold_boot, BuildOptions};
