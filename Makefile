@@ -12,12 +12,12 @@ AGENT_TARGET := x86_64-unknown-linux-gnu
 AGENT_BIN := target/$(AGENT_TARGET)/release/siesta-agent
 SIESTA := target/release/siesta
 
-.PHONY: up test deps test-deps e2b-js build agent assets template lint unit-test e2b-venv schemathesis-venv e2b-test conformance-test doctor clean-assets
+.PHONY: up test deps test-deps e2b-js build agent assets template lint unit-test e2b-venv schemathesis-venv e2b-test conformance-test fault-test doctor clean-assets
 
 up: deps build assets template
 	$(SIESTA) serve --listen $(LISTEN)
 
-test: deps test-deps build assets template lint unit-test e2b-test conformance-test
+test: deps test-deps build assets template lint unit-test e2b-test conformance-test fault-test
 
 deps:
 	./scripts/install-deps.sh
@@ -76,6 +76,12 @@ e2b-test: build assets e2b-venv e2b-js schemathesis-venv
 # fail (docs/compatibility.md).
 conformance-test: build assets e2b-venv
 	SIESTA_BIN=$(abspath $(SIESTA)) $(E2B_VENV)/bin/python tests/conformance/run.py
+
+# The fault suite (tests/faults, docs/reliability.md): the server killed
+# with SIGKILL at seeded points during its operations (SIESTA_FAULT_SEED
+# repeats a run), its VMMs killed or stopped, files damaged, the disk full.
+fault-test: build assets e2b-venv
+	SIESTA_BIN=$(abspath $(SIESTA)) $(E2B_VENV)/bin/python -m pytest tests/faults -ra
 
 # What this node needs, one line per check (siesta serve runs the same).
 doctor: build

@@ -29,7 +29,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -37,10 +36,16 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "e2b"))
 
-from server import SiestaServer, netns_of, pids_using  # noqa: E402
+from server import (  # noqa: E402
+    BINARY,
+    SetupError,
+    SiestaServer,
+    build_base,
+    netns_of,
+    pids_using,
+    prepare_home as prepare_test_home,
+)
 
-REAL_HOME = Path(os.environ.get("SIESTA_HOME", "/var/lib/siesta"))
-BINARY = Path(os.environ.get("SIESTA_BIN", ROOT / "target/release/siesta"))
 SUITE = Path(os.environ.get("SIESTA_CONFORMANCE_DIR", ROOT.parent / "shared" / "conformance"))
 TIMEOUT = int(os.environ.get("SIESTA_CONFORMANCE_TIMEOUT", "2400"))
 EXPECTED = HERE / "expected-failures.txt"
@@ -85,26 +90,17 @@ def outcomes(junit: Path) -> dict[str, str]:
 
 
 def prepare_home() -> Path:
-    assets = REAL_HOME / "assets"
-    if not (assets / "vmlinuz").exists():
-        sys.exit(f"no guest assets in {assets}: run `make assets`")
-    if not BINARY.exists():
-        sys.exit(f"{BINARY} missing: run `make build`")
-    home = Path(tempfile.mkdtemp(prefix="siesta-conformance-", dir="/var/tmp"))
-    (home / "assets").symlink_to(assets)
-    return home
+    try:
+        return prepare_test_home("siesta-conformance-")
+    except SetupError as e:
+        sys.exit(str(e))
 
 
 def build_template(home: Path, log: Path) -> None:
-    env = dict(os.environ, SIESTA_HOME=str(home))
-    with open(log, "ab") as out:
-        done = subprocess.run(
-            [str(BINARY), "template", "build", "base", "--if-missing"],
-            env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            timeout=900, check=False,
-        )
-    if done.returncode != 0:
-        sys.exit(f"building the base template failed; see {log}")
+    try:
+        build_base(home, log)
+    except SetupError as e:
+        sys.exit(str(e))
 
 
 # What runs when no test path is given: the server-facing tests, sync and

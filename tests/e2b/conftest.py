@@ -16,79 +16,37 @@ temporary home for debugging.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
 import subprocess
-import tempfile
 import uuid
 from pathlib import Path
 
 import pytest
 
-from server import ROOT, SiestaServer, netns_of, pids_using
-
-REAL_HOME = Path(os.environ.get("SIESTA_HOME", "/var/lib/siesta"))
-BINARY = Path(os.environ.get("SIESTA_BIN", ROOT / "target/release/siesta"))
-
+from server import (
+    BINARY,
+    SetupError,
+    SiestaServer,
+    build_base,
+    netns_of,
+    pids_using,
+    prepare_home,
+)
 
 def _prepare_home() -> Path:
-    assets = REAL_HOME / "assets"
-    if not (assets / "vmlinuz").exists():
-        pytest.exit(f"no guest assets in {assets}: run `make assets`", returncode=3)
-    if not BINARY.exists():
-        pytest.exit(f"{BINARY} missing: run `make build`", returncode=3)
-    home = Path(tempfile.mkdtemp(prefix="siesta-e2b-", dir="/var/tmp"))
-    (home / "assets").symlink_to(assets)
-    _share_template(REAL_HOME / "repo", home / "repo", "base")
-    return home
-
-
-def _share_template(real: Path, repo: Path, name: str) -> None:
-    """Puts template `name` of the real repository into the test home's, so
-    the session does not build it again. Its blobs are immutable and
-    content-addressed, so they are hard-linked (copied across file systems);
-    the snapshot directory is copied: the real template may be rebuilt or
-    deleted while we run, and a paused sandbox must find what it was born
-    from. Without a real template, `_build_template` builds one."""
-    alias = real / "aliases" / f"template:{name}"
-    if not alias.is_file():
-        return
-    snap_id = alias.read_text().strip()
-    source = real / "snapshots" / snap_id
-    record = json.loads((source / "record.json").read_text())
-    for sub in ("aliases", "blobs", "snapshots"):
-        (repo / sub).mkdir(parents=True, exist_ok=True)
-    for f in record["files"].values():
-        if f["in"] != "blob":
-            continue
-        src, dst = real / "blobs" / f["sha256"], repo / "blobs" / f["sha256"]
-        try:
-            os.link(src, dst)
-        except OSError:
-            subprocess.run(["cp", "--sparse=always", str(src), str(dst)], check=True)
-    subprocess.run(["cp", "-a", str(source), str(repo / "snapshots" / snap_id)], check=True)
-    (repo / "aliases" / f"template:{name}").write_text(snap_id)
+    try:
+        return prepare_home("siesta-e2b-")
+    except SetupError as e:
+        pytest.exit(str(e), returncode=3)
 
 
 def _build_template(home: Path, log: Path) -> None:
-    env = dict(os.environ, SIESTA_HOME=str(home))
-    with open(log, "ab") as out:
-        out.write(b"=== siesta template build base --if-missing ===\n")
-        out.flush()
-        done = subprocess.run(
-            [str(BINARY), "template", "build", "base", "--if-missing"],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            timeout=900,
-            check=False,
-        )
-    if done.returncode != 0:
-        tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
-        pytest.exit(f"building the base template failed:\n{tail}", returncode=3)
+    try:
+        build_base(home, log)
+    except SetupError as e:
+        pytest.exit(str(e), returncode=3)
 
 
 @pytest.fixture(scope="session")

@@ -3,16 +3,83 @@ tag and subnet, started and stopped by pid."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
 import httpx
 
 ROOT = Path(__file__).resolve().parents[2]
+REAL_HOME = Path(os.environ.get("SIESTA_HOME", "/var/lib/siesta"))
+BINARY = Path(os.environ.get("SIESTA_BIN", ROOT / "target/release/siesta"))
+
+
+class SetupError(RuntimeError):
+    """The machine is not ready for a real server: what to run is in the
+    message."""
+
+
+def prepare_home(prefix: str) -> Path:
+    """A temporary SIESTA_HOME under /var/tmp: `assets` linked to the real
+    home's, and the real `base` template shared into its repository when
+    there is one (else `build_base` builds it there)."""
+    assets = REAL_HOME / "assets"
+    if not (assets / "vmlinuz").exists():
+        raise SetupError(f"no guest assets in {assets}: run `make assets`")
+    if not BINARY.exists():
+        raise SetupError(f"{BINARY} missing: run `make build`")
+    home = Path(tempfile.mkdtemp(prefix=prefix, dir="/var/tmp"))
+    (home / "assets").symlink_to(assets)
+    share_template(REAL_HOME / "repo", home / "repo", "base")
+    return home
+
+
+def share_template(real: Path, repo: Path, name: str) -> None:
+    """Puts template `name` of the real repository into the test home's, so
+    a run does not build it again. Its blobs are immutable and
+    content-addressed, so they are hard-linked (copied across file systems);
+    the snapshot directory is copied: the real template may be rebuilt or
+    deleted while we run, and a paused sandbox must find what it was born
+    from."""
+    alias = real / "aliases" / f"template:{name}"
+    if not alias.is_file():
+        return
+    snap_id = alias.read_text().strip()
+    source = real / "snapshots" / snap_id
+    record = json.loads((source / "record.json").read_text())
+    for sub in ("aliases", "blobs", "snapshots"):
+        (repo / sub).mkdir(parents=True, exist_ok=True)
+    for f in record["files"].values():
+        if f["in"] != "blob":
+            continue
+        src, dst = real / "blobs" / f["sha256"], repo / "blobs" / f["sha256"]
+        try:
+            os.link(src, dst)
+        except OSError:
+            subprocess.run(["cp", "--sparse=always", str(src), str(dst)], check=True)
+    subprocess.run(["cp", "-a", str(source), str(repo / "snapshots" / snap_id)], check=True)
+    (repo / "aliases" / f"template:{name}").write_text(snap_id)
+
+
+def build_base(home: Path, log: Path) -> None:
+    """`siesta template build base --if-missing` in `home`."""
+    env = dict(os.environ, SIESTA_HOME=str(home))
+    with open(log, "ab") as out:
+        out.write(b"=== siesta template build base --if-missing ===\n")
+        out.flush()
+        done = subprocess.run(
+            [str(BINARY), "template", "build", "base", "--if-missing"],
+            env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            timeout=900, check=False,
+        )
+    if done.returncode != 0:
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
+        raise SetupError(f"building the base template failed:\n{tail}")
 
 
 def free_port() -> int:
@@ -128,7 +195,8 @@ class SiestaServer:
     def api(self, method: str, path: str, **kwargs) -> httpx.Response:
         """A raw control-API call with the node's key."""
         headers = {"X-API-KEY": self.api_key(), **kwargs.pop("headers", {})}
-        return httpx.request(method, f"{self.url}{path}", headers=headers, timeout=60, **kwargs)
+        kwargs.setdefault("timeout", 60)
+        return httpx.request(method, f"{self.url}{path}", headers=headers, **kwargs)
 
     def stop(self, grace: float = 90) -> None:
         """SIGTERM (the server pauses its sandboxes), then SIGKILL by pid."""

@@ -1,0 +1,219 @@
+"""Faults below the server: its VMM killed while a sandbox pauses or
+resumes, a VMM that stops answering, a damaged paused state and a damaged
+startup manifest. Each is refused or recovered with an error that says
+what happened, and never resumed with wrong data."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+from e2b import Sandbox
+from helpers import (
+    check_marked,
+    create,
+    flip_byte,
+    mark,
+    paused_file,
+    put_byte,
+    remove_tagged,
+    resume_and_check,
+    state,
+    vmm_pid,
+    wait_state,
+)
+
+# When the VMM is killed after the operation started (seconds).
+DELAYS = [0.0, 0.1, 0.3, 0.8]
+
+
+def _in_background(call):
+    box: dict = {}
+
+    def run():
+        try:
+            box["value"] = call()
+        except Exception as e:  # noqa: BLE001 - inspected by the test
+            box["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, box
+
+
+@pytest.mark.parametrize("delay", DELAYS)
+def test_vmm_killed_while_pausing(node, delay):
+    tag = f"vmm-pause-{delay}"
+    sbx = create(tag)
+    m = mark(sbx)
+    try:
+        pid = vmm_pid(node.home, m.sandbox_id)
+        assert pid, "no VMM found for the sandbox"
+        t, box = _in_background(sbx.pause)
+        time.sleep(delay)
+        _kill(pid)  # it may have exited already: a pause ends its VMM
+        t.join(timeout=300)
+        assert not t.is_alive(), "pause hung after its VMM died"
+        s = wait_state(node, m.sandbox_id, {"paused", "dead"})
+        if "error" in box:
+            # Refused: said so, and the sandbox is reported dead, not
+            # running with no VMM and not paused with a half state.
+            assert str(box["error"]), "an error without a message"
+            assert s == "dead", s
+        else:
+            # The save had finished: the pause holds everything.
+            assert s == "paused", s
+            resume_and_check(node, m)
+    finally:
+        remove_tagged(node, tag)
+
+
+@pytest.mark.parametrize("delay", DELAYS)
+def test_vmm_killed_while_resuming(node, delay):
+    tag = f"vmm-resume-{delay}"
+    sbx = create(tag)
+    m = mark(sbx)
+    try:
+        assert sbx.pause() is True
+        before = set(_qemus(node))
+        t, box = _in_background(lambda: Sandbox.connect(m.sandbox_id, timeout=900))
+        time.sleep(delay)
+        # The VMM the resume uses is one of the pool's, or one it spawns.
+        killed = set(_qemus(node)) | before
+        for pid in killed:
+            _kill(pid)
+        t.join(timeout=300)
+        assert not t.is_alive(), "resume hung after its VMM died"
+        if "error" in box:
+            assert str(box["error"]), "an error without a message"
+            # Nothing lost: still paused, and a second resume works.
+            assert state(node, m.sandbox_id) == "paused"
+            resume_and_check(node, m)
+        elif vmm_pid(node.home, m.sandbox_id) not in killed | {None}:
+            # Resumed on a VMM spawned after the kill: whole.
+            check_marked(Sandbox.connect(m.sandbox_id), m)
+        else:
+            # Resumed before the kill: its VMM died while it ran, and the
+            # server says so.
+            s = wait_state(node, m.sandbox_id, {"dead"})
+            assert s == "dead", s
+    finally:
+        remove_tagged(node, tag)
+
+
+def test_vmm_that_stops_answering(node):
+    """SIGSTOP: the VMM neither runs the guest nor answers QMP. Calls fail
+    in bounded time with a clear error; after SIGCONT all is as before."""
+    tag = "vmm-stopped"
+    sbx = create(tag)
+    m = mark(sbx)
+    pid = vmm_pid(node.home, m.sandbox_id)
+    assert pid
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(Exception):
+            sbx.commands.run("true", request_timeout=5)
+        started = time.monotonic()
+        r = node.api("POST", f"/sandboxes/{m.sandbox_id}/pause",
+                     json={"requireHealthyGuest": True}, timeout=180)
+        took = time.monotonic() - started
+        assert r.status_code == 503, (r.status_code, r.text, took)
+        assert r.json()["message"], r.text
+        # The server keeps serving others meanwhile.
+        assert node.api("GET", "/health").status_code == 200
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    try:
+        assert state(node, m.sandbox_id) == "running"
+        check_marked(Sandbox.connect(m.sandbox_id), m)
+    finally:
+        remove_tagged(node, tag)
+
+
+def test_damaged_paused_state_is_refused_and_nothing_lost(node):
+    tag = "corrupt-state"
+    sbx = create(tag)
+    m = mark(sbx)
+    try:
+        assert sbx.pause() is True
+        path = paused_file(node.home, m.sandbox_id, "state")
+        offset = path.stat().st_size // 2
+        old = flip_byte(path, offset)
+        r = node.api("POST", f"/sandboxes/{m.sandbox_id}/connect", json={"timeout": 300})
+        assert r.status_code >= 400, r.text
+        message = r.json()["message"]
+        assert "state" in message and ("corrupt" in message or "damaged" in message), message
+        assert state(node, m.sandbox_id) == "paused"
+        # The file put back, the sandbox resumes whole.
+        put_byte(path, offset, old)
+        resume_and_check(node, m)
+    finally:
+        remove_tagged(node, tag)
+
+
+def test_damaged_startup_manifest_only_costs_the_prefetch(node):
+    """The manifest only says what to read ahead: a damaged one is
+    ignored (with a warning), and sandboxes still come up whole."""
+    import json
+    from pathlib import Path
+
+    repo = Path(node.home) / "repo"
+    snap = (repo / "aliases" / "template:base").read_text().strip()
+    record = json.loads((repo / "snapshots" / snap / "record.json").read_text())
+    if not record.get("manifest"):
+        pytest.skip("the base template has no startup manifest")
+    path = repo / "snapshots" / snap / "startup.manifest"
+    data = path.read_bytes()
+    tag = "corrupt-manifest"
+    try:
+        path.write_bytes(data[: len(data) // 2] + bytes(b ^ 0x5A for b in data[len(data) // 2:]))
+        sbx = create(tag)
+        m = mark(sbx)
+        check_marked(sbx, m)
+    finally:
+        path.write_bytes(data)
+        remove_tagged(node, tag)
+
+
+def _qemus(node) -> list[int]:
+    from server import pids_using
+
+    return pids_using(node.home)
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+
+
+def test_server_killed_while_its_build_vm_runs(node):
+    """The server dies while a template build's VM runs: the next server
+    kills that VM and removes the build's directory, and the template is
+    not there (nothing half-built is published)."""
+    import uuid
+
+    from e2b import Template
+    from server import pids_using
+
+    name = f"fault-build-{uuid.uuid4().hex[:8]}"
+    work = node.home / "templates" / f".{name}.building"
+    template = Template().from_template("base").run_cmd("sleep 600", user="root")
+    t, _box = _in_background(lambda: Template.build(template, name))
+    deadline = time.monotonic() + 120
+    while not pids_using(work) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    build_vms = pids_using(work)
+    assert build_vms, "the build VM never started"
+    node.kill9()
+    t.join(timeout=60)
+    node.start()
+    assert pids_using(work) == [], "the build VM outlived its server"
+    assert not work.exists(), "the build directory was left"
+    assert node.api("GET", f"/templates/{name}").status_code == 404
