@@ -3,6 +3,7 @@
 
 mod agent;
 mod compare;
+mod concurrent;
 mod density;
 mod fork;
 mod pagecache;

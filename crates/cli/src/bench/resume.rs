@@ -33,6 +33,10 @@ pub struct ResumeArgs {
     /// Blocks of the comparison (each runs every condition once).
     #[arg(long, default_value_t = 8)]
     blocks: usize,
+    /// Resume this many sandboxes at once, in `--samples` rounds, against
+    /// as many resumes one at a time: p50 and p99 against the single p50.
+    #[arg(long)]
+    concurrency: Option<usize>,
 }
 
 pub async fn run(args: ResumeArgs) -> anyhow::Result<ExitCode> {
@@ -47,6 +51,15 @@ pub async fn run(args: ResumeArgs) -> anyhow::Result<ExitCode> {
     // In-memory state: the bench's sandboxes die with it and it never
     // touches the server's rows.
     let manager = SandboxManager::ephemeral(node.clone())?;
+    if let Some(n) = args.concurrency.filter(|n| *n > 0) {
+        manager.warm(&args.template)?;
+        let outcome = super::concurrent::measure(&manager, &args.template, n, args.samples).await;
+        manager.shutdown().await;
+        node.shutdown().await;
+        super::session::remove_sandbox_root(&node.config);
+        super::concurrent::report(&outcome?, &args.template, args.json);
+        return Ok(ExitCode::SUCCESS);
+    }
     let outcome = measure(&node, &manager, &tpl, &args).await;
     manager.shutdown().await;
     node.shutdown().await;
