@@ -217,3 +217,45 @@ def test_server_killed_while_its_build_vm_runs(node):
     assert pids_using(work) == [], "the build VM outlived its server"
     assert not work.exists(), "the build directory was left"
     assert node.api("GET", f"/templates/{name}").status_code == 404
+
+
+def test_damaged_template_memory_is_refused_and_nothing_lost(node):
+    """A byte of the template's memory blob changed: creates and resumes
+    from it are refused naming the blob, a paused sandbox stays paused, and
+    with the blob put back both work again."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    repo = Path(node.home) / "repo"
+    snap = (repo / "aliases" / "template:base").read_text().strip()
+    record = json.loads((repo / "snapshots" / snap / "record.json").read_text())
+    blob = repo / "blobs" / record["files"]["memory"]["sha256"]
+    tag = "corrupt-template"
+    sbx = create(tag)
+    m = mark(sbx)
+    saved, damaged = blob.with_suffix(".saved"), blob.with_suffix(".damaged")
+    try:
+        assert sbx.pause() is True
+        # A copy is damaged, never the file itself: it may be a hard link
+        # to the real home's template.
+        shutil.copyfile(blob, damaged)
+        with open(damaged, "r+b") as f:
+            offset = os.lseek(f.fileno(), 0, os.SEEK_DATA) + 4096
+        flip_byte(damaged, offset)
+        os.link(blob, saved)
+        os.replace(damaged, blob)
+        r = node.api("POST", "/sandboxes", json={"templateID": "base", "metadata": {"fault": tag}})
+        assert r.status_code >= 400, r.text
+        assert blob.name in r.json()["message"] and "SHA-256" in r.json()["message"], r.text
+        r = node.api("POST", f"/sandboxes/{m.sandbox_id}/connect", json={"timeout": 300})
+        assert r.status_code >= 400, r.text
+        assert state(node, m.sandbox_id) == "paused"
+    finally:
+        if saved.exists():
+            os.replace(saved, blob)
+        damaged.unlink(missing_ok=True)
+    try:
+        resume_and_check(node, m)
+    finally:
+        remove_tagged(node, tag)

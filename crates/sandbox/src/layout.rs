@@ -66,6 +66,11 @@ impl Layout {
     pub fn step_cache(&self) -> PathBuf {
         self.home.join("cache/steps")
     }
+    /// Which template blobs were checked against their digests, and when
+    /// (see `template/integrity.rs`).
+    pub fn verified_blobs(&self) -> PathBuf {
+        self.home.join("cache/verified")
+    }
     /// The snapshot repository (see `docs/snapshots.md`).
     pub fn repo(&self) -> PathBuf {
         self.home.join("repo")

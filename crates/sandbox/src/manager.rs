@@ -210,6 +210,7 @@ impl SandboxManager {
             Err(e) => return Err(e),
         };
         crate::volumes::check_mounts(&req.volume_mounts)?;
+        self.node.check_template(&template).await?;
         let record = new_record(&req, &template, timeout);
         let params = self.resume_params(&record);
         let resumed = resume::from_template(&self.node, &self.pool, &template, &params).await?;

@@ -22,6 +22,8 @@ pub struct Node {
     pub net: SlotPool,
     /// Startup-manifest prefetch, shared by every resume on this node.
     pub prefetch: crate::memory_prefetch::MemoryPrefetch,
+    /// Which template blobs were checked against their digests.
+    pub blob_checks: Arc<crate::template::integrity::BlobChecks>,
     /// Announces the id of each sandbox whose VM stopped (pause, kill,
     /// death), once its row says so, so whoever streams to it (the front
     /// door) can end at once instead of waiting on a guest that will never
@@ -68,13 +70,28 @@ impl Node {
                 ..Default::default()
             },
         );
+        let blob_checks = Arc::new(crate::template::integrity::BlobChecks::new(
+            config.layout().verified_blobs(),
+        ));
         Ok(Arc::new(Self {
             config,
             vmm: Arc::new(vmm),
             net,
             prefetch,
+            blob_checks,
             stopped: tokio::sync::broadcast::channel(256).0,
         }))
+    }
+
+    /// Refuses a template whose memory or disk does not match its digests
+    /// (hashed on first use and after a change; see
+    /// `template/integrity.rs`).
+    pub async fn check_template(&self, template: &crate::template::Template) -> Result<()> {
+        let checks = self.blob_checks.clone();
+        let template = template.clone();
+        tokio::task::spawn_blocking(move || checks.check(&template))
+            .await
+            .map_err(|e| Error::Invalid(format!("checking a template's files: {e}")))?
     }
 
     /// Ids of sandboxes whose VM stopped, from now on.

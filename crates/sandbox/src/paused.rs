@@ -288,6 +288,7 @@ impl SandboxManager {
         let timeout = deadline(timeout_secs)?;
         let id = sb.record.id.clone();
         let template = Template::open(&self.node.config.layout(), &sb.record.template)?;
+        self.node.check_template(&template).await?;
         let repo = self.repo()?;
         // The pause's VMM holds the disk's image lock until it exits.
         finish_stopping(sb).await;

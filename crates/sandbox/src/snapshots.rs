@@ -283,6 +283,7 @@ impl SandboxManager {
             ..req
         };
         let template = Template::open(&self.node.config.layout(), &meta.template)?;
+        self.node.check_template(&template).await?;
         let memory = memory_of(&repo, snap, &template)?;
         let origin = Origin {
             state: state.as_deref(),

@@ -27,6 +27,12 @@ pub struct BuildOptions {
 /// atomically: it is assembled in a hidden directory, then published into
 /// the snapshot repository (see `publish.rs`). Its startup manifest is
 /// recorded afterwards ([`super::record_startup_manifest`]).
+/// A build hashed what it published: its first use need not hash again.
+pub(crate) fn trust_blobs(node: &Node, t: &Template) {
+    node.blob_checks.trust(&t.memory, &t.record.memory.sha256);
+    node.blob_checks.trust(&t.disk, &t.record.disk.sha256);
+}
+
 pub async fn build_template(node: &Node, opts: &BuildOptions) -> Result<Template> {
     validate_name("template", &opts.name).map_err(Error::Invalid)?;
     let layout = node.config.layout();
@@ -48,6 +54,7 @@ pub async fn build_template(node: &Node, opts: &BuildOptions) -> Result<Template
     let published = super::publish::publish_template(&layout, &record, &work);
     let _ = std::fs::remove_dir_all(&work);
     let template = published?;
+    trust_blobs(node, &template);
     // A rebuilt template replaces one from before the repository too.
     let legacy = layout.template_dir(&opts.name);
     if is_complete(&legacy) {

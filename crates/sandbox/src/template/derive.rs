@@ -93,6 +93,9 @@ pub async fn build_from_steps(node: &Node, build: &StepsBuild, log: &BuildLog) -
     let published = result.and_then(|rec| super::publish::publish_template(&layout, &rec, &work));
     let _ = std::fs::remove_dir_all(&work);
     LayeredDisk::prune(node).await;
+    if let Ok(t) = &published {
+        super::build::trust_blobs(node, t);
+    }
     published.map_err(|e| failed(build, BuildPhase::Finalize, e))
 }
 

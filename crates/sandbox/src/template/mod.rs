@@ -6,6 +6,7 @@ mod build;
 mod derive;
 pub mod dockerfile;
 mod from_image;
+pub mod integrity;
 mod layered;
 mod manifest;
 mod publish;
