@@ -18,7 +18,7 @@ import pytest
 from e2b import Sandbox, Template, wait_for_port
 from e2b.exceptions import BuildException
 
-from conftest import REAL_HOME
+from server import REAL_HOME
 from images import Registry, layout_from_tree_tar, push, tree_tar
 
 IMAGE_CONFIG = {
