@@ -88,7 +88,27 @@ pub(crate) fn recover(store: &Store, layout: &Layout) -> Result<Vec<SandboxRecor
     let known: HashSet<&str> = records.iter().map(|r| r.id.as_str()).collect();
     remove_orphans(&layout.sandboxes(), &known);
     remove_orphan_pauses(&repo, &known);
+    repair_repository(&repo);
     Ok(records)
+}
+
+/// Removes what a publish or delete that a crash cut short left in the
+/// repository (staging directories, locks of dead writers, unreferenced
+/// blobs), as `siesta repo check --repair` would. It waits briefly for
+/// writers of other processes (a `siesta template build` beside the
+/// server) and skips the repair, saying so, if they do not finish.
+fn repair_repository(repo: &Repository) {
+    match repo.repair(Duration::from_secs(2)) {
+        Ok(report) if !report.issues.is_empty() => {
+            for issue in report.issues.iter().filter(|i| i.kind.repairable()) {
+                tracing::warn!(kind = ?issue.kind, path = %issue.path.display(), "repository: removed what a crash left");
+            }
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!(
+            "repository repair skipped at start (`siesta repo check --repair` does it): {e}"
+        ),
+    }
 }
 
 /// Gives a row the state it must have now that no VM runs for it, finishing
