@@ -259,3 +259,26 @@ def test_damaged_template_memory_is_refused_and_nothing_lost(node):
         resume_and_check(node, m)
     finally:
         remove_tagged(node, tag)
+
+
+def test_what_a_crash_leaves_in_the_repository_is_repaired_at_start(node):
+    """A publish cut short leaves a staging directory and its writer's
+    lock; the next server removes both, so `repo check` is clean."""
+    import subprocess
+    from pathlib import Path
+
+    from server import BINARY
+
+    repo = Path(node.home) / "repo"
+    node.kill9()
+    staging = repo / "staging" / "paused-crashed.0000"
+    staging.mkdir(parents=True)
+    (staging / "state.bin").write_bytes(b"half a state")
+    lock = repo / "locks" / "paused-crashed.lock"
+    lock.write_bytes(b"")  # the writer died between creating and writing it
+    node.start()
+    assert not staging.exists() and not lock.exists()
+    check = subprocess.run([str(BINARY), "repo", "check"],
+                           env=dict(os.environ, SIESTA_HOME=str(node.home)),
+                           capture_output=True, text=True, check=False)
+    assert check.returncode == 0, check.stdout + check.stderr
