@@ -41,8 +41,6 @@ from server import (  # noqa: E402
     SetupError,
     SiestaServer,
     build_base,
-    netns_of,
-    pids_using,
     prepare_home as prepare_test_home,
 )
 
@@ -164,14 +162,7 @@ def main() -> int:
         run_suite(server, junit, sys.argv[1:])
         return judge(junit)
     finally:
-        server.stop()
-        for pid in pids_using(home):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        for ns in netns_of(server.tag):
-            subprocess.run(["ip", "netns", "delete", ns], check=False)
+        server.stop_and_clean()
         print(f"conformance: server log {log} (last lines):\n{server.log_tail(15)}")
         if os.environ.get("SIESTA_CONFORMANCE_KEEP") != "1":
             shutil.rmtree(home, ignore_errors=True)

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import subprocess
 import uuid
 from pathlib import Path
 
@@ -30,8 +28,6 @@ from server import (
     SetupError,
     SiestaServer,
     build_base,
-    netns_of,
-    pids_using,
     prepare_home,
 )
 
@@ -58,22 +54,10 @@ def siesta(tmp_path_factory):
     try:
         _build_template(home, log)
         server.start()
-        os.environ.pop("E2B_DEBUG", None)
-        os.environ["E2B_API_URL"] = server.url
-        os.environ["E2B_SANDBOX_URL"] = server.url
-        os.environ["E2B_VOLUME_API_URL"] = server.url
-        os.environ["E2B_API_KEY"] = server.api_key()
+        server.point_sdk_here()
         yield server
     finally:
-        server.stop()
-        for pid in pids_using(home):  # VMMs a crashed server left behind
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        leftovers = netns_of(server.tag)
-        for ns in leftovers:
-            subprocess.run(["ip", "netns", "delete", ns], check=False)
+        leftovers = server.stop_and_clean()
         print(f"\nsiesta log: {log}\n{server.log_tail(30)}")
         if os.environ.get("SIESTA_E2B_KEEP") != "1":
             shutil.rmtree(home, ignore_errors=True)

@@ -211,6 +211,28 @@ class SiestaServer:
                 self.proc.wait(timeout=30)
         self.proc = None
 
+    def stop_and_clean(self) -> list[str]:
+        """`stop`, then SIGKILL any VMM naming the home (a crashed server's)
+        and delete the network namespaces of the tag. Returns the
+        namespaces that were left, which a clean stop never leaves."""
+        self.stop()
+        for pid in pids_using(self.home):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        leftovers = netns_of(self.tag)
+        for ns in leftovers:
+            subprocess.run(["ip", "netns", "delete", ns], check=False)
+        return leftovers
+
+    def point_sdk_here(self) -> None:
+        """Points the E2B SDK (its environment variables) at this server."""
+        os.environ.pop("E2B_DEBUG", None)
+        for var in ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_VOLUME_API_URL"):
+            os.environ[var] = self.url
+        os.environ["E2B_API_KEY"] = self.api_key()
+
     def kill9(self) -> None:
         """Crashes the server: SIGKILL by pid, nothing is paused or cleaned."""
         assert self.proc is not None and self.proc.poll() is None

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -29,8 +27,6 @@ from server import (  # noqa: E402
     SetupError,
     SiestaServer,
     build_base,
-    netns_of,
-    pids_using,
     prepare_home,
 )
 
@@ -57,20 +53,10 @@ def node(tmp_path_factory):
         except SetupError as e:
             pytest.exit(str(e), returncode=3)
         server.start()
-        os.environ.pop("E2B_DEBUG", None)
-        os.environ["E2B_API_URL"] = server.url
-        os.environ["E2B_SANDBOX_URL"] = server.url
-        os.environ["E2B_API_KEY"] = server.api_key()
+        server.point_sdk_here()
         yield server
     finally:
-        server.stop()
-        for pid in pids_using(home):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        for ns in netns_of(server.tag):
-            subprocess.run(["ip", "netns", "delete", ns], check=False)
+        server.stop_and_clean()
         print(f"\nsiesta log: {log}\n{server.log_tail(30)}")
         if os.environ.get("SIESTA_FAULT_KEEP") != "1":
             shutil.rmtree(home, ignore_errors=True)

@@ -6,9 +6,7 @@ is freed it pauses and resumes whole."""
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
 import subprocess
 import tempfile
 from pathlib import Path
@@ -16,7 +14,7 @@ from pathlib import Path
 import pytest
 from e2b import Sandbox
 from helpers import check_marked, mark, state
-from server import BINARY, REAL_HOME, SiestaServer, netns_of, pids_using, share_template
+from server import BINARY, REAL_HOME, SiestaServer, share_template
 
 # Room for the base template's allocated blocks (about 0.75 GiB), the 1 GiB
 # free that `siesta serve` wants at start, one
@@ -40,14 +38,7 @@ def full_node(node, tmp_path_factory):
         server.start()
         yield server
     finally:
-        server.stop()
-        for pid in pids_using(mount):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        for ns in netns_of(server.tag):
-            subprocess.run(["ip", "netns", "delete", ns], check=False)
+        server.stop_and_clean()
         print(f"\nsiesta log: {log}\n{server.log_tail(20)}")
         subprocess.run(["umount", str(mount)], check=False)
         shutil.rmtree(scratch, ignore_errors=True)
