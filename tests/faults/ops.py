@@ -4,10 +4,11 @@ left no trace, and nothing that was paused before is lost."""
 
 from __future__ import annotations
 
+import os
 import uuid
 from dataclasses import dataclass, field
 
-from e2b import Sandbox, Template
+from e2b import Sandbox, Template, Volume
 from helpers import (
     Marked,
     check_marked,
@@ -187,5 +188,50 @@ class TemplateOp(Op):
         assert r.status_code in (204, 404), r.text
 
 
+class VolumeOp(Op):
+    """A volume made and written through the SDK, and another destroyed."""
+
+    name = "volume"
+    PAYLOAD = 2 * 1024 * 1024
+
+    def prepare(self, node, tag):
+        old = Volume.create(f"fault-old-{uuid.uuid4().hex[:8]}")
+        data = os.urandom(self.PAYLOAD)
+        old.write_file("/kept.bin", data)
+        return Ctx(tag, extra={"old": old.volume_id, "old_data": data,
+                               "new": f"fault-new-{uuid.uuid4().hex[:8]}",
+                               "new_data": os.urandom(self.PAYLOAD)})
+
+    def run(self, ctx):
+        vol = Volume.create(ctx.extra["new"])
+        vol.write_file("/written.bin", ctx.extra["new_data"])
+        Volume.destroy(ctx.extra["old"])
+
+    def verify(self, node, ctx, completed):
+        # The destroyed volume is gone, or (not destroyed yet) whole.
+        old = node.api("GET", f"/volumes/{ctx.extra['old']}")
+        assert old.status_code in ((404,) if completed else (200, 404)), old.text
+        if old.status_code == 200:
+            kept = Volume.connect(ctx.extra["old"]).read_file("/kept.bin", format="bytes")
+            assert kept == ctx.extra["old_data"], "the volume not destroyed lost its file"
+        # The new one exists with its whole file, or without it, or not at
+        # all: never half a file, and it takes writes.
+        new = node.api("GET", f"/volumes/{ctx.extra['new']}")
+        assert new.status_code in ((200,) if completed else (200, 404)), new.text
+        if new.status_code == 200:
+            vol = Volume.connect(ctx.extra["new"])
+            if completed or vol.exists("/written.bin"):
+                got = vol.read_file("/written.bin", format="bytes")
+                assert got == ctx.extra["new_data"], f"{len(got)} bytes of {self.PAYLOAD}"
+            vol.write_file("/after.txt", "after")
+            assert vol.read_file("/after.txt") == "after"
+
+    def cleanup(self, node, ctx):
+        super().cleanup(node, ctx)
+        for key in ("old", "new"):
+            r = node.api("DELETE", f"/volumes/{ctx.extra[key]}")
+            assert r.status_code in (204, 404), r.text
+
+
 OPS = {op.name: op for op in (CreateOp(), PauseOp(), ResumeOp(), SnapshotOp(), ForkOp(),
-                              KillOp(), TemplateOp())}
+                              KillOp(), TemplateOp(), VolumeOp())}

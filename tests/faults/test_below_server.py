@@ -1,6 +1,6 @@
 """Faults below the server: its VMM killed while a sandbox pauses or
-resumes, a VMM that stops answering, a damaged paused state and a damaged
-startup manifest. Each is refused or recovered with an error that says
+resumes, a VMM that stops answering, a damaged paused state or disk and a
+damaged startup manifest. Each is refused or recovered with an error that says
 what happened, and never resumed with wrong data."""
 
 from __future__ import annotations
@@ -104,6 +104,53 @@ def test_vmm_killed_while_resuming(node, delay):
         remove_tagged(node, tag)
 
 
+@pytest.mark.parametrize("op", ["snapshot", "fork"])
+@pytest.mark.parametrize("delay", [0.0, 0.05, 0.2])
+def test_vmm_killed_while_snapshotting_or_forking(node, op, delay):
+    """The source's VMM SIGKILLed while it is captured: the call fails with
+    a message, or it had finished and what it made is whole; the source is
+    reported dead (its VMM is gone) and no capture directory is left."""
+    from pathlib import Path
+
+    tag = f"vmm-{op}-{delay}"
+    sbx = create(tag)
+    m = mark(sbx)
+    made: list = []
+    try:
+        pid = vmm_pid(node.home, m.sandbox_id)
+        assert pid, "no VMM found for the sandbox"
+        call = sbx.create_snapshot if op == "snapshot" else (lambda: sbx.fork(count=2, timeout=300))
+        t, box = _in_background(call)
+        time.sleep(delay)
+        _kill(pid)
+        t.join(timeout=300)
+        assert not t.is_alive(), f"{op} hung after the source's VMM died"
+        if "error" in box:
+            assert str(box["error"]), "an error without a message"
+        elif op == "snapshot":
+            made.append(box["value"])
+            child = Sandbox.create(template=box["value"].snapshot_id, timeout=300,
+                                   metadata={"fault": tag})
+            check_marked(child, m)
+        else:
+            for child in box["value"]:
+                if isinstance(child, Exception):
+                    assert str(child), "a child failed without a message"
+                    continue
+                made.append(child)
+                check_marked(child, m)
+        assert wait_state(node, m.sandbox_id, {"dead"}) == "dead"
+        leftovers = [p.name for p in (Path(node.home) / "sandboxes").glob(".capture-*")]
+        assert leftovers == [], leftovers
+    finally:
+        for thing in made:
+            if isinstance(thing, Sandbox):
+                thing.kill()
+            else:
+                Sandbox.delete_snapshot(thing.snapshot_id)
+        remove_tagged(node, tag)
+
+
 def test_vmm_that_stops_answering(node):
     """SIGSTOP: the VMM neither runs the guest nor answers QMP. Calls fail
     in bounded time with a clear error; after SIGCONT all is as before."""
@@ -133,24 +180,60 @@ def test_vmm_that_stops_answering(node):
         remove_tagged(node, tag)
 
 
-def test_damaged_paused_state_is_refused_and_nothing_lost(node):
-    tag = "corrupt-state"
+@pytest.mark.parametrize("role", ["state", "disk"])
+def test_damaged_paused_file_is_refused_and_nothing_lost(node, role):
+    """One byte changed in a paused sandbox's saved state or its disk
+    overlay: the resume is refused naming the file, the sandbox stays
+    paused, and once the byte is back it resumes whole."""
+    tag = f"corrupt-{role}"
     sbx = create(tag)
     m = mark(sbx)
     try:
         assert sbx.pause() is True
-        path = paused_file(node.home, m.sandbox_id, "state")
+        path = paused_file(node.home, m.sandbox_id, role)
         offset = path.stat().st_size // 2
         old = flip_byte(path, offset)
         r = node.api("POST", f"/sandboxes/{m.sandbox_id}/connect", json={"timeout": 300})
         assert r.status_code >= 400, r.text
         message = r.json()["message"]
-        assert "state" in message and ("corrupt" in message or "damaged" in message), message
+        word = "saved state" if role == "state" else "disk"
+        assert word in message and "SHA-256" in message, message
         assert state(node, m.sandbox_id) == "paused"
         # The file put back, the sandbox resumes whole.
         put_byte(path, offset, old)
         resume_and_check(node, m)
     finally:
+        remove_tagged(node, tag)
+
+
+def test_damaged_snapshot_disk_is_refused_and_nothing_lost(node):
+    """A user snapshot whose disk lost a byte makes no sandbox: the create
+    fails naming the disk, and once the byte is back it works."""
+    import json
+    from pathlib import Path
+
+    from e2b.exceptions import SandboxException
+
+    tag = "corrupt-snapshot-disk"
+    sbx = create(tag)
+    m = mark(sbx)
+    snap = None
+    try:
+        snap = sbx.create_snapshot()
+        snap_dir = Path(node.home) / "repo" / "snapshots" / snap.snapshot_id
+        record = json.loads((snap_dir / "record.json").read_text())
+        disk = snap_dir / record["files"]["disk"]["name"]
+        offset = disk.stat().st_size // 2
+        old = flip_byte(disk, offset)
+        with pytest.raises(SandboxException) as refused:
+            Sandbox.create(template=snap.snapshot_id, timeout=300, metadata={"fault": tag})
+        assert "disk" in str(refused.value) and "SHA-256" in str(refused.value), refused.value
+        put_byte(disk, offset, old)
+        child = Sandbox.create(template=snap.snapshot_id, timeout=300, metadata={"fault": tag})
+        check_marked(child, m)
+    finally:
+        if snap is not None:
+            Sandbox.delete_snapshot(snap.snapshot_id)
         remove_tagged(node, tag)
 
 

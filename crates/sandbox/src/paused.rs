@@ -17,7 +17,7 @@
 //! here ([`SandboxManager::pause_locked`], [`SandboxManager::resume_locked`]).
 
 use std::os::unix::fs::MetadataExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use siesta_snapshot::record::{DISK, MEMORY, STATE};
@@ -71,9 +71,10 @@ pub(crate) fn publish(
     template: &Template,
     id: &str,
     state: Option<(&Path, Option<String>)>,
-    disk: &Path,
+    disk: (&Path, String),
     ephemeral: bool,
 ) -> Result<SnapshotRecord> {
+    let (disk, disk_sha256) = disk;
     let meta = PausedMeta {
         sandbox: id.to_string(),
         template: template.record.name.clone(),
@@ -85,7 +86,8 @@ pub(crate) fn publish(
         placement,
         sha256,
     };
-    let mut files = vec![file(DISK, disk, Placement::LocalLink, None)];
+    // The disk's digest too: a damaged overlay would boot with wrong files.
+    let mut files = vec![file(DISK, disk, Placement::LocalLink, Some(disk_sha256))];
     if let Some((state, state_sha256)) = &state {
         // The state's digest goes into the record: QEMU would load damaged
         // pages without noticing, so every resume checks it first. A
@@ -199,15 +201,25 @@ impl SandboxManager {
         }
         // Stopping the vCPUs also drains and flushes the disk.
         running.vm.pause().await.map_err(vmm_err)?;
+        // Hashed while the memory is saved, so it costs the pause nothing.
+        let disk_digest = DiskDigest::start(disk.clone());
         let publish_with = |state: Option<(std::path::PathBuf, Option<String>)>| {
             // Hashing, fsyncs and renames: off the async threads.
             let (repo, template, id, disk) =
                 (repo.clone(), template.clone(), id.clone(), disk.clone());
             let ephemeral = !self.is_persistent();
             async move {
+                let disk_sha256 = disk_digest.finish().await?;
                 tokio::task::spawn_blocking(move || {
                     let state = state.as_ref().map(|(p, sha)| (p.as_path(), sha.clone()));
-                    publish(&repo, &template, &id, state, &disk, ephemeral)
+                    publish(
+                        &repo,
+                        &template,
+                        &id,
+                        state,
+                        (&disk, disk_sha256),
+                        ephemeral,
+                    )
                 })
                 .await
                 .map_err(|e| Error::Invalid(format!("publishing the pause: {e}")))
@@ -293,12 +305,13 @@ impl SandboxManager {
         // The pause's VMM holds the disk's image lock until it exits.
         finish_stopping(sb).await;
         let snapshot = for_resume(&repo, &id)?;
-        let saved = if reboot || !snapshot.files.contains_key(STATE) {
-            None
-        } else {
-            let state = verified_state(&repo, &snapshot).await?;
-            let memory = memory_of(&repo, &snapshot, &template)?;
-            Some(SavedState { state, memory })
+        let state = verified_files(&repo, &snapshot, !reboot).await?;
+        let saved = match state {
+            Some(state) => {
+                let memory = memory_of(&repo, &snapshot, &template)?;
+                Some(SavedState { state, memory })
+            }
+            None => None,
         };
         let disk = sb.disk_path();
         repo.take_file(&snapshot.id, DISK, &disk)?;
@@ -347,25 +360,94 @@ impl SandboxManager {
     }
 }
 
-/// The state file of `record`, checked against its size and digest (on a
-/// blocking thread) before QEMU loads it: a damaged state is refused with
-/// what was wrong, and the snapshot is left as it is.
-pub(crate) async fn verified_state(
+/// Checks, side by side on blocking threads, the files a sandbox made
+/// from `record` uses against the sizes and digests its record keeps: the
+/// disk, and the saved state when `with_state` (and it has one). Returns
+/// the state's path. A damaged file is refused with what was wrong, and
+/// the snapshot is left as it is.
+pub(crate) async fn verified_files(
     repo: &Repository,
     record: &SnapshotRecord,
-) -> Result<std::path::PathBuf> {
+    with_state: bool,
+) -> Result<Option<PathBuf>> {
+    let disk = verified(repo, record, DISK);
+    if with_state && record.files.contains_key(STATE) {
+        let (state, _) = tokio::try_join!(verified(repo, record, STATE), disk)?;
+        Ok(Some(state))
+    } else {
+        disk.await.map(|_| None)
+    }
+}
+
+/// The file of `role` of `record`, checked against its size and digest.
+async fn verified(
+    repo: &Repository,
+    record: &SnapshotRecord,
+    role: &'static str,
+) -> Result<PathBuf> {
     let (repo, record) = (repo.clone(), record.clone());
     let id = record.id.clone();
-    let checked = tokio::task::spawn_blocking(move || repo.verify_file(&record, STATE))
+    let what = if role == STATE { "saved state" } else { role };
+    let checked = tokio::task::spawn_blocking(move || repo.verify_file(&record, role))
         .await
-        .map_err(|e| Error::Invalid(format!("verifying the state of snapshot {id}: {e}")))?;
+        .map_err(|e| Error::Invalid(format!("verifying the {what} of snapshot {id}: {e}")))?;
     checked.map_err(|e| match e {
         RepoError::Corrupt { path, detail, .. } => Error::CorruptSnapshot {
             path,
-            detail: format!("saved state of {id}: {detail}"),
+            detail: format!("{what} of {id}: {detail}"),
         },
         other => other.into(),
     })
+}
+
+/// A paused sandbox's disk hashed while its memory is saved. The vCPUs are
+/// stopped and the disk flushed, so it should not change meanwhile; if its
+/// size or times did (a full save's migration may still write image
+/// metadata as it ends), it is hashed again.
+struct DiskDigest {
+    path: PathBuf,
+    task: tokio::task::JoinHandle<Result<(String, Option<FileStamp>)>>,
+}
+
+type FileStamp = (u64, i64, i64, i64, i64);
+
+fn stamp(path: &Path) -> Option<FileStamp> {
+    let m = std::fs::metadata(path).ok()?;
+    Some((
+        m.len(),
+        m.mtime(),
+        m.mtime_nsec(),
+        m.ctime(),
+        m.ctime_nsec(),
+    ))
+}
+
+impl DiskDigest {
+    fn start(path: PathBuf) -> Self {
+        let hashed = path.clone();
+        let task = tokio::task::spawn_blocking(move || {
+            let before = stamp(&hashed);
+            let sha = siesta_snapshot::repo::sha256_file(&hashed)?;
+            Ok((sha, before))
+        });
+        Self { path, task }
+    }
+
+    async fn finish(self) -> Result<String> {
+        let joined = self.task.await.map_err(|e| {
+            Error::Invalid(format!("hashing the disk {}: {e}", self.path.display()))
+        })?;
+        let (sha, before) = joined?;
+        if before.is_some() && before == stamp(&self.path) {
+            return Ok(sha);
+        }
+        tracing::debug!(disk = %self.path.display(), "disk changed while hashed; hashing it again");
+        let path = self.path.clone();
+        tokio::task::spawn_blocking(move || siesta_snapshot::repo::sha256_file(&path))
+            .await
+            .map_err(|e| Error::Invalid(format!("hashing the disk {}: {e}", self.path.display())))?
+            .map_err(Error::from)
+    }
 }
 
 /// The memory blob a saved state was taken over: the one its record

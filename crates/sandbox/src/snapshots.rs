@@ -21,7 +21,7 @@ use crate::error::{Error, IoContext, Result};
 use crate::lifecycle::deadline;
 use crate::manager::{new_record, CreateRequest, SandboxManager};
 use crate::memory_save::{self, SaveMemory};
-use crate::paused::{memory_of, verified_state};
+use crate::paused::{memory_of, verified_files};
 use crate::resume::{self, SavedState};
 use crate::rootfs::copy_sparse;
 use crate::sandbox::{SandboxInfo, DISK_FILE};
@@ -199,16 +199,24 @@ impl SandboxManager {
             placement: Placement::LocalMove,
             sha256,
         };
-        let record = repo.publish(PublishRequest {
+        let request = PublishRequest {
             id: new_id("snap"),
             kind: SnapshotKind::User,
             parent: Some(parent),
             guest_memory_size: template.record.memory.size,
-            files: snapshot_files(&capture, file)?,
+            files: Vec::new(),
             existing: vec![(MEMORY.to_string(), memory)],
             aliases: names.iter().map(|n| alias_of(n)).collect(),
             meta: serde_json::to_value(&meta).map_err(|e| Error::Invalid(e.to_string()))?,
-        })?;
+        };
+        // Hashing, copies and fsyncs: off the async threads. The capture
+        // (its scratch directory) goes once published.
+        let record = tokio::task::spawn_blocking(move || {
+            let files = snapshot_files(&capture, file)?;
+            Ok::<_, Error>(repo.publish(PublishRequest { files, ..request })?)
+        })
+        .await
+        .map_err(|e| Error::Invalid(format!("publishing the snapshot of {id}: {e}")))??;
         Ok(info(&record, meta))
     }
 
@@ -266,10 +274,7 @@ impl SandboxManager {
                 detail: format!("bad snapshot record: {e}"),
             })?;
         // A filesystem-only snapshot has no state: its sandboxes cold-boot.
-        let state = match snap.files.contains_key(STATE) {
-            true => Some(verified_state(&repo, snap).await?),
-            false => None,
-        };
+        let state = verified_files(&repo, snap, true).await?;
         let disk = repo.file_path(snap, DISK)?;
         if !req.volume_mounts.is_empty() && req.volume_mounts != meta.volume_mounts {
             return Err(Error::Invalid(format!(
@@ -393,7 +398,9 @@ fn snapshot_files(
     capture: &Capture,
     file: impl Fn(&str, &Path, Option<String>) -> PublishFile,
 ) -> Result<Vec<PublishFile>> {
-    let mut files = vec![file(DISK, &capture.disk, None)];
+    // Every sandbox made from it checks the disk's digest before copying it.
+    let disk_sha = siesta_snapshot::repo::sha256_file(&capture.disk)?;
+    let mut files = vec![file(DISK, &capture.disk, Some(disk_sha))];
     if !capture.disk_only {
         let state_sha = match &capture.state_sha256 {
             Some(sha) => sha.clone(),
