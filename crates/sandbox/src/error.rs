@@ -21,6 +21,10 @@ pub enum Error {
     #[error("invalid request: {0}")]
     Invalid(String),
 
+    /// A fault of siesta itself (a task that panicked), not of the request.
+    #[error("internal error while {what}: {detail}")]
+    Internal { what: String, detail: String },
+
     /// An idempotency key that cannot give back what it made.
     #[error("Idempotency-Key {key:?}: {detail}")]
     KeyConflict { key: String, detail: String },

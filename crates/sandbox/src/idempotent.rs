@@ -5,6 +5,7 @@
 
 use chrono::Utc;
 
+use crate::blocking;
 use crate::error::{Error, Result};
 use crate::manager::{CreateRequest, SandboxManager};
 use crate::sandbox::SandboxInfo;
@@ -50,7 +51,11 @@ impl SandboxManager {
             key: key.to_string(),
             detail,
         };
-        if let Some(made) = self.store.keyed_create(key, Utc::now())? {
+        let owned = key.to_string();
+        let found = blocking::db(&self.store, "looking up an idempotency key", move |s| {
+            s.keyed_create(&owned, Utc::now())
+        });
+        if let Some(made) = found.await? {
             if made.request_sha256 != request_sha256 {
                 return Err(conflict(format!(
                     "it was used with another request body within {IDEMPOTENCY_TTL_HOURS} h; use a new key"
@@ -75,10 +80,14 @@ impl SandboxManager {
             request_sha256: request_sha256.to_string(),
             created_at: Utc::now(),
         };
-        if let Err(e) = self.store.put_keyed_create(key, &made) {
+        let owned = key.to_string();
+        let recorded = blocking::db(&self.store, "recording an idempotency key", move |s| {
+            s.put_keyed_create(&owned, &made)
+        });
+        if let Err(e) = recorded.await {
             // Unrecorded, a retry would make a second one: take it back.
             let _ = self.kill(&info.id).await;
-            return Err(e.into());
+            return Err(e);
         }
         Ok((info, KeyedOutcome::Created))
     }

@@ -6,6 +6,7 @@
 //! together for the CLI and the server. The VMM and the network come from
 //! `siesta-vmm` and `siesta-net`, held by the [`node`].
 
+pub mod blocking;
 pub mod config;
 pub mod config_file;
 pub mod console;

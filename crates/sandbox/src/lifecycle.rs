@@ -17,6 +17,7 @@ use chrono::Utc;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::blocking;
 use crate::error::{Error, Result};
 use crate::manager::SandboxManager;
 use crate::memory_save::SaveMemory;
@@ -99,9 +100,9 @@ impl SandboxManager {
         }
         if sb.record.end_at < wanted {
             let before = std::mem::replace(&mut sb.record.end_at, wanted);
-            if let Err(e) = self.store.put(&sb.record) {
+            if let Err(e) = self.save_record(&sb.record).await {
                 sb.record.end_at = before;
-                return Err(e.into());
+                return Err(e);
             }
         }
         Ok(sb.info())
@@ -111,7 +112,10 @@ impl SandboxManager {
     /// then expired deadlines.
     pub(crate) async fn reap_once(self: &Arc<Self>) {
         self.find_dead_vmms().await;
-        let expired = match self.store.expired(Utc::now()) {
+        let expired = blocking::db(&self.store, "finding expired sandboxes", |s| {
+            s.expired(Utc::now())
+        });
+        let expired = match expired.await {
             Ok(ids) => ids,
             Err(e) => {
                 tracing::error!("reaper: {e}");
@@ -166,7 +170,7 @@ impl SandboxManager {
             tracing::error!(sandbox = %id, "timeout {}: {e}", action.as_str());
             if sb.record.state == SandboxState::Running {
                 sb.record.end_at = Utc::now() + chrono::Duration::seconds(RETRY_SECS);
-                if let Err(e) = self.store.put(&sb.record) {
+                if let Err(e) = self.save_record(&sb.record).await {
                     tracing::error!(sandbox = %id, "postponing timeout: {e}");
                 }
             }

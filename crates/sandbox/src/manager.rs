@@ -19,6 +19,7 @@ use chrono::Utc;
 use siesta_net::EgressPolicy;
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
+use crate::blocking;
 use crate::envd::{EnvdClient, ExecOutput, InitParams};
 use crate::error::{Error, IoContext, Result};
 use crate::lifecycle::{deadline, Reaper};
@@ -64,7 +65,7 @@ pub(crate) type Entry = Arc<Mutex<Sandbox>>;
 pub struct SandboxManager {
     pub(crate) node: Arc<Node>,
     pool: Arc<VmmPool>,
-    pub(crate) store: Store,
+    pub(crate) store: Arc<Store>,
     pub(crate) sandboxes: Mutex<HashMap<String, Entry>>,
     /// False for [`SandboxManager::ephemeral`]: nothing outlives it, so
     /// shutdown kills instead of pausing.
@@ -75,6 +76,8 @@ pub struct SandboxManager {
     /// Creates with an idempotency key run one at a time, so two retries
     /// of one request never both create.
     pub(crate) keyed_creates: Mutex<()>,
+    /// Run at every step of this manager's publications (tests only).
+    publish_hook: std::sync::OnceLock<siesta_snapshot::repo::PublishHook>,
     /// Exclusive lock on the data directory (`siesta.lock`), held for the
     /// manager's life: two managers on one home would each "recover" the
     /// other's live sandboxes.
@@ -155,12 +158,13 @@ impl SandboxManager {
         let manager = Arc::new(Self {
             pool: VmmPool::new(Arc::clone(&node)),
             node,
-            store,
+            store: Arc::new(store),
             sandboxes: Mutex::new(entries),
             persistent,
             closed: AtomicBool::new(false),
             reaper: Reaper::default(),
             keyed_creates: Mutex::new(()),
+            publish_hook: std::sync::OnceLock::new(),
             _home_lock: lock,
             volumes,
         });
@@ -237,10 +241,10 @@ impl SandboxManager {
             stopping: None,
         };
         set_running(&mut sandbox, running(resumed), timeout);
-        if let Err(e) = self.store.put(&sandbox.record) {
+        if let Err(e) = self.save_record(&sandbox.record).await {
             stop_running(&self.node, &mut sandbox).await;
             let _ = std::fs::remove_dir_all(&dir);
-            return Err(e.into());
+            return Err(e);
         }
         let info = sandbox.info();
         self.sandboxes
@@ -253,21 +257,61 @@ impl SandboxManager {
     /// Every sandbox (running, paused and dead), oldest first, as last
     /// committed: it never waits for a sandbox busy pausing or resuming.
     pub async fn list(&self) -> Vec<SandboxInfo> {
-        self.store.all().unwrap_or_else(|e| {
+        let all = blocking::db(&self.store, "listing sandboxes", |s| s.all()).await;
+        all.unwrap_or_else(|e| {
             tracing::error!("listing sandboxes: {e}");
             Vec::new()
         })
+    }
+
+    /// Has every publication of this manager (pauses, snapshots) run
+    /// `hook` at each step; tests use it to make a publication slow or stop
+    /// it. Only the first call takes effect.
+    #[doc(hidden)]
+    pub fn set_publish_hook(&self, hook: siesta_snapshot::repo::PublishHook) {
+        let _ = self.publish_hook.set(hook);
+    }
+
+    pub(crate) fn publish_hook(&self) -> Option<siesta_snapshot::repo::PublishHook> {
+        self.publish_hook.get().cloned()
+    }
+
+    /// How many sandboxes are in each state (for the metrics' gauges).
+    pub async fn count_by_state(&self) -> Result<Vec<(SandboxState, u64)>> {
+        blocking::db(&self.store, "counting sandboxes", |s| {
+            [
+                SandboxState::Running,
+                SandboxState::Paused,
+                SandboxState::Dead,
+            ]
+            .into_iter()
+            .map(|state| Ok((state, s.count(state)?)))
+            .collect()
+        })
+        .await
+    }
+
+    /// Commits `record` to the state database (off the async threads).
+    pub(crate) async fn save_record(&self, record: &SandboxRecord) -> Result<()> {
+        let record = record.clone();
+        blocking::db(&self.store, "saving a sandbox's record", move |s| {
+            s.put(&record)
+        })
+        .await
     }
 
     /// One page of the sandboxes matching `q`, and the token of the next
     /// page (`None` on the last). Read from the store, so a page never
     /// waits for a sandbox busy pausing or resuming. A malformed
     /// `next_token` is [`Error::Invalid`].
-    pub fn list_page(&self, q: &ListQuery) -> Result<(Vec<SandboxInfo>, Option<String>)> {
-        self.store.list(q).map_err(|e| match e {
-            StoreError::BadCursor(_) => Error::Invalid(e.to_string()),
-            e => e.into(),
-        })
+    pub async fn list_page(&self, q: &ListQuery) -> Result<(Vec<SandboxInfo>, Option<String>)> {
+        let q = q.clone();
+        blocking::db(&self.store, "listing sandboxes", move |s| s.list(&q))
+            .await
+            .map_err(|e| match e {
+                Error::Store(StoreError::BadCursor(_)) => Error::Invalid(e.to_string()),
+                e => e,
+            })
     }
 
     pub(crate) async fn get_entry(&self, id: &str) -> Result<Entry> {
@@ -334,9 +378,9 @@ impl SandboxManager {
         }
         let before = sb.record.end_at;
         sb.record.end_at = Utc::now() + timeout;
-        if let Err(e) = self.store.put(&sb.record) {
+        if let Err(e) = self.save_record(&sb.record).await {
             sb.record.end_at = before;
-            return Err(e.into());
+            return Err(e);
         }
         Ok(sb.info())
     }
@@ -350,16 +394,16 @@ impl SandboxManager {
             return Err(wrong_state(&sb, "running or paused"));
         }
         let before = std::mem::replace(&mut sb.record.egress, egress);
-        if let Err(e) = self.store.put(&sb.record) {
+        if let Err(e) = self.save_record(&sb.record).await {
             sb.record.egress = before;
-            return Err(e.into());
+            return Err(e);
         }
         if let Some(run) = &sb.running {
             if let Err(source) = run.slot.apply_policy(&sb.record.egress).await {
                 // The slot's rules are unknown now: keep the record as it
                 // was and let the caller retry.
                 sb.record.egress = before;
-                let _ = self.store.put(&sb.record);
+                let _ = self.save_record(&sb.record).await;
                 let id = id.to_string();
                 return Err(Error::Net { id, source });
             }
@@ -429,7 +473,7 @@ impl SandboxManager {
                     let end = Utc::now() + deadline(Some(secs))?;
                     if end > sb.record.end_at {
                         sb.record.end_at = end;
-                        self.store.put(&sb.record)?;
+                        self.save_record(&sb.record).await?;
                     }
                 }
                 Ok((sb.info(), false))
@@ -451,10 +495,14 @@ impl SandboxManager {
     pub(crate) async fn kill_locked(&self, sb: &mut Sandbox) -> Result<()> {
         let id = sb.record.id.clone();
         stop_running(&self.node, sb).await;
-        if let Err(e) = self.store.delete(&id) {
+        let row = id.clone();
+        let deleted = blocking::db(&self.store, "deleting a sandbox's record", move |s| {
+            s.delete(&row)
+        });
+        if let Err(e) = deleted.await {
             sb.record.state = SandboxState::Dead;
             sb.record.dead_reason = Some(format!("kill failed to delete its row: {e}"));
-            return Err(e.into());
+            return Err(e);
         }
         self.sandboxes.lock().await.remove(&id);
         // Only now, with the row gone: whoever streamed from it and asks
@@ -462,7 +510,7 @@ impl SandboxManager {
         self.node.announce_stopped(&id);
         // Operations queued on this sandbox's lock see it gone.
         sb.record.id.clear();
-        self.delete_pause(&id);
+        self.delete_pause(&id).await;
         match std::fs::remove_dir_all(&sb.dir) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
                 Err(e).ctx("removing sandbox directory", &sb.dir)
@@ -480,7 +528,7 @@ impl SandboxManager {
         sb.record.dead_reason = Some(reason);
         sb.record.agent_addr = None;
         sb.record.vmm_pid = None;
-        if let Err(e) = self.store.put(&sb.record) {
+        if let Err(e) = self.save_record(&sb.record).await {
             tracing::error!(sandbox = %sb.record.id, "recording death: {e}");
         }
         self.node.announce_stopped(&sb.record.id);

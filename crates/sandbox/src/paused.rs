@@ -24,6 +24,7 @@ use siesta_snapshot::record::{DISK, MEMORY, STATE};
 use siesta_snapshot::repo::{new_id, Placement, PublishFile, PublishRequest};
 use siesta_snapshot::{RepoError, Repository, SnapshotKind, SnapshotRecord};
 
+use crate::blocking;
 use crate::error::{Error, IoContext, Result};
 use crate::lifecycle::deadline;
 use crate::manager::{
@@ -254,23 +255,31 @@ impl SandboxManager {
         sb.record.agent_addr = None;
         sb.record.vmm_pid = None;
         sb.record.paused_disk_only = mode == PauseMode::DiskOnly;
-        if let Err(e) = self.store.put(&sb.record) {
+        if let Err(e) = self.save_record(&sb.record).await {
             // Not paused as far as anyone will know: back to running.
             sb.record = before;
-            if let Err(e) = repo.delete(&snapshot.id) {
+            let unused = snapshot.id.clone();
+            let dropped = blocking::repo(&repo, "dropping an unused pause", move |r| {
+                r.delete(&unused)
+            });
+            if let Err(e) = dropped.await {
                 tracing::warn!(sandbox = %id, "dropping unused pause {}: {e}", snapshot.id);
             }
             if let Some(r) = sb.running.as_mut() {
                 let _ = r.vm.resume().await;
             }
-            return Err(e.into());
+            return Err(e);
         }
         let t_committed = t0.elapsed();
         stop_in_background(&self.node, sb);
         // The row says paused: streams from it end now (see Node).
         self.node.announce_stopped(&id);
         // From here on the repository's copy is the disk.
-        drop_link(&repo, &snapshot, &disk)?;
+        let (held, linked) = (snapshot.clone(), disk.clone());
+        blocking::run("unlinking a paused disk", move || {
+            drop_link(&repo, &held, &linked)
+        })
+        .await?;
         let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
         match &report {
             Some(r) => {
@@ -314,7 +323,11 @@ impl SandboxManager {
             None => None,
         };
         let disk = sb.disk_path();
-        repo.take_file(&snapshot.id, DISK, &disk)?;
+        let (from, to) = (snapshot.id.clone(), disk.clone());
+        blocking::repo(&repo, "taking the paused disk back", move |r| {
+            r.take_file(&from, DISK, &to)
+        })
+        .await?;
         let params = self.resume_params(&sb.record);
         let resumed = match saved {
             Some(saved) => {
@@ -325,35 +338,44 @@ impl SandboxManager {
         let resumed = match resumed {
             Ok(r) => r,
             Err(e) => {
-                give_back_disk(&repo, &snapshot.id, &disk, &id);
+                give_back_disk(&repo, &snapshot.id, &disk, &id).await;
                 return Err(e);
             }
         };
         let before = sb.record.clone();
         set_running(sb, running(resumed), timeout);
         sb.record.paused_disk_only = false;
-        if let Err(e) = self.store.put(&sb.record) {
+        if let Err(e) = self.save_record(&sb.record).await {
             stop_running(&self.node, sb).await;
             sb.record = before;
-            give_back_disk(&repo, &snapshot.id, &disk, &id);
-            return Err(e.into());
+            give_back_disk(&repo, &snapshot.id, &disk, &id).await;
+            return Err(e);
         }
         // Spent: the disk moves on from here. A failure leaves a snapshot
         // without disk, which recovery deletes.
-        if let Err(e) = repo.delete(&snapshot.id) {
+        let spent = snapshot.id.clone();
+        let deleted = blocking::repo(&repo, "deleting a spent pause", move |r| r.delete(&spent));
+        if let Err(e) = deleted.await {
             tracing::warn!(sandbox = %id, "deleting spent pause {}: {e}", snapshot.id);
         }
         Ok(())
     }
 
     /// Deletes sandbox `id`'s paused snapshot, if it has one.
-    pub(crate) fn delete_pause(&self, id: &str) {
-        let deleted = self
-            .repo()
-            .and_then(|repo| match Saved::inspect(&repo, id)? {
-                Saved::Complete(s) | Saved::DiskTaken(s) => Ok(repo.delete(&s.id)?),
-                Saved::Missing => Ok(()),
-            });
+    pub(crate) async fn delete_pause(&self, id: &str) {
+        let owned = id.to_string();
+        let deleted = match self.repo() {
+            Ok(repo) => {
+                blocking::run("deleting a paused snapshot", move || match Saved::inspect(
+                    &repo, &owned,
+                )? {
+                    Saved::Complete(s) | Saved::DiskTaken(s) => Ok(repo.delete(&s.id)?),
+                    Saved::Missing => Ok(()),
+                })
+                .await
+            }
+            Err(e) => Err(e),
+        };
         if let Err(e) = deleted {
             tracing::warn!(sandbox = %id, "deleting its paused snapshot: {e}; `siesta repo check` lists it");
         }
@@ -489,8 +511,12 @@ pub(crate) async fn sync_guest(id: &str, agent: std::net::SocketAddr, token: Str
 }
 
 /// Returns a resume's disk to the paused snapshot it was taken from.
-fn give_back_disk(repo: &Repository, snapshot: &str, disk: &Path, id: &str) {
-    if let Err(e) = repo.return_file(snapshot, DISK, disk) {
+async fn give_back_disk(repo: &Repository, snapshot: &str, disk: &Path, id: &str) {
+    let (snap, path) = (snapshot.to_string(), disk.to_path_buf());
+    let returned = blocking::repo(repo, "returning a paused disk", move |r| {
+        r.return_file(&snap, DISK, &path)
+    });
+    if let Err(e) = returned.await {
         tracing::error!(sandbox = %id, "returning the disk to paused snapshot {snapshot}: {e}; it stays at {}", disk.display());
     }
 }

@@ -99,7 +99,11 @@ fn alias_of(name: &str) -> String {
 
 impl SandboxManager {
     pub(crate) fn repo(&self) -> Result<Repository> {
-        Ok(Repository::open(self.node.config.layout().repo())?)
+        let repo = Repository::open(self.node.config.layout().repo())?;
+        Ok(match self.publish_hook() {
+            Some(hook) => repo.with_publish_hook(hook),
+            None => repo,
+        })
     }
 
     /// Stops running sandbox `id` for a moment to capture its state and

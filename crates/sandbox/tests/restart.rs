@@ -36,21 +36,7 @@ fn process_alive(pid: u32) -> bool {
 }
 
 fn config(home: &Path) -> NodeConfig {
-    let mut config = NodeConfig::new(home);
-    // Letters only, unique per test process, not vm_lifecycle's (which
-    // uses the first five digits): never a server's or another test's slots.
-    config.net_tag = std::process::id()
-        .to_string()
-        .bytes()
-        .rev()
-        .take(5)
-        .map(|d| (b'a' + (d - b'0')) as char)
-        .chain(std::iter::once('r'))
-        .collect();
-    config.warm_slots = 1;
-    config.boot_ready_timeout = Duration::from_secs(240);
-    config.resume_ready_timeout = Duration::from_secs(60);
-    config
+    common::node_config(home, 'r')
 }
 
 /// Polls until `done` holds; the bound only keeps a broken reaper from
@@ -181,7 +167,7 @@ async fn scenario(home: &Path) {
         states: vec![SandboxState::Paused],
         ..Default::default()
     };
-    let (rows, _) = m.list_page(&paused).expect("list");
+    let (rows, _) = m.list_page(&paused).await.expect("list");
     let mut ids: Vec<_> = rows.iter().map(|r| r.id.clone()).collect();
     ids.sort();
     let mut want = vec![a.id.clone(), c.id.clone()];
@@ -214,7 +200,7 @@ async fn scenario(home: &Path) {
         metadata: vec![("role".into(), "keep".into())],
         ..Default::default()
     };
-    let (rows, _) = m.list_page(&metadata).expect("list by metadata");
+    let (rows, _) = m.list_page(&metadata).await.expect("list by metadata");
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0].state, SandboxState::Paused);
     assert_eq!(rows[0].access_token, a.access_token);

@@ -10,7 +10,7 @@ use rusqlite::{params, Connection, OptionalExtension, Row};
 use siesta_net::EgressPolicy;
 
 use super::{Store, StoreResult};
-use crate::sandbox::{Lifecycle, SandboxRecord};
+use crate::sandbox::{Lifecycle, SandboxRecord, SandboxState};
 
 /// The columns every read selects, in the order [`from_row`] expects.
 pub(super) const COLUMNS: &str = "id, template, state, created_us, started_us, end_us, \
@@ -60,6 +60,19 @@ impl Store {
         let conn = self.lock();
         let sql = format!("SELECT {COLUMNS} FROM sandboxes ORDER BY created_us, id");
         read_all(&conn, &sql, []).map_err(self.err("reading sandbox rows"))
+    }
+
+    /// How many sandboxes are in `state`: every row, not a page.
+    pub fn count(&self, state: SandboxState) -> StoreResult<u64> {
+        let n: i64 = self
+            .lock()
+            .query_row(
+                "SELECT COUNT(*) FROM sandboxes WHERE state = ?1",
+                [state.as_str()],
+                |row| row.get(0),
+            )
+            .map_err(self.err("counting sandboxes"))?;
+        Ok(n.max(0) as u64)
     }
 
     /// Deletes the row (its metadata goes with it); false if there was none.

@@ -266,3 +266,23 @@ fn committed_rows_survive_reopening_the_file() {
     assert_eq!(ids(&all), ["p"]);
     assert_eq!(all[0].metadata.get("k").map(String::as_str), Some("v"));
 }
+
+#[test]
+fn counts_cover_every_row_not_a_page() {
+    let s = Store::in_memory().unwrap();
+    let n = crate::store::MAX_LIMIT as usize + 5;
+    for i in 0..n {
+        let state = if i % 3 == 0 {
+            SandboxState::Paused
+        } else {
+            SandboxState::Running
+        };
+        s.put(&rec(&format!("sb{i:05}"), i as i64, state, &[]))
+            .unwrap();
+    }
+    let running = s.count(SandboxState::Running).unwrap();
+    let paused = s.count(SandboxState::Paused).unwrap();
+    assert_eq!(running + paused, n as u64);
+    assert_eq!(paused, n.div_ceil(3) as u64);
+    assert_eq!(s.count(SandboxState::Dead).unwrap(), 0);
+}

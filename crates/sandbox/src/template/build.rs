@@ -51,7 +51,7 @@ pub async fn build_template(node: &Node, opts: &BuildOptions) -> Result<Template
             return Err(e);
         }
     };
-    let published = super::publish::publish_template(&layout, &record, &work);
+    let published = super::publish::publish_off_thread(&layout, record.clone(), &work).await;
     let _ = std::fs::remove_dir_all(&work);
     let template = published?;
     trust_blobs(node, &template);

@@ -18,6 +18,7 @@ use siesta_vmm::DiskFormat;
 use super::base::Base;
 use super::build::{boot_spec, boot_until_healthy, freeze, VmSize};
 use super::layered::LayeredDisk;
+use super::publish::publish_off_thread;
 use super::record::{
     self, file_record, guest_assets_digest, SourceImage, TemplateDefaults, TemplateRecord,
 };
@@ -90,7 +91,10 @@ pub async fn build_from_steps(node: &Node, build: &StepsBuild, log: &BuildLog) -
     }
     let work = super::work_dir::create(&layout.templates(), &build.name)?;
     let result = assemble(node, build, &base, key, &work, log).await;
-    let published = result.and_then(|rec| super::publish::publish_template(&layout, &rec, &work));
+    let published = match result {
+        Ok(rec) => publish_off_thread(&layout, rec, &work).await,
+        Err(e) => Err(e),
+    };
     let _ = std::fs::remove_dir_all(&work);
     LayeredDisk::prune(node).await;
     if let Ok(t) = &published {

@@ -11,6 +11,20 @@ use super::{alias, Template};
 use crate::error::{Error, Result};
 use crate::layout::Layout;
 
+/// [`publish_template`] on a blocking thread: it moves and fsyncs the
+/// template's files.
+pub(crate) async fn publish_off_thread(
+    layout: &Layout,
+    record: TemplateRecord,
+    work: &Path,
+) -> Result<Template> {
+    let (layout, work) = (layout.clone(), work.to_path_buf());
+    crate::blocking::run("publishing a template", move || {
+        publish_template(&layout, &record, &work)
+    })
+    .await
+}
+
 /// Moves the files of a template frozen in `work` into the repository as a
 /// new snapshot (memory and disk become shared blobs, renamed, not copied),
 /// points `template:<name>` at it, and deletes the snapshot the alias named

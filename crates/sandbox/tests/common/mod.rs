@@ -59,6 +59,7 @@ pub fn netns_names() -> HashSet<String> {
 }
 
 /// Runs `cmd` in sandbox `id`, asserts it exited 0, returns its stdout.
+#[allow(dead_code)] // not every test binary uses it
 pub async fn exec_ok(m: &SandboxManager, id: &str, cmd: &str) -> String {
     let out = m
         .exec(id, cmd, None, |_, _| {})
@@ -71,4 +72,23 @@ pub async fn exec_ok(m: &SandboxManager, id: &str, cmd: &str) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A node configuration in `home` whose network tag is unique to this test
+/// process and binary (`suffix`): never a server's or another test's slots.
+#[allow(dead_code)] // not every test binary uses it
+pub fn node_config(home: &std::path::Path, suffix: char) -> siesta_sandbox::NodeConfig {
+    let mut config = siesta_sandbox::NodeConfig::new(home);
+    config.net_tag = std::process::id()
+        .to_string()
+        .bytes()
+        .rev()
+        .take(5)
+        .map(|d| (b'a' + (d - b'0')) as char)
+        .chain(std::iter::once(suffix))
+        .collect();
+    config.warm_slots = 1;
+    config.boot_ready_timeout = std::time::Duration::from_secs(240);
+    config.resume_ready_timeout = std::time::Duration::from_secs(60);
+    config
 }

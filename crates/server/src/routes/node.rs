@@ -5,8 +5,6 @@ use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
 
 use super::AppState;
-use siesta_sandbox::sandbox::SandboxState;
-use siesta_sandbox::store::ListQuery;
 
 pub async fn health() -> StatusCode {
     StatusCode::OK
@@ -15,20 +13,17 @@ pub async fn health() -> StatusCode {
 /// Prometheus text format: sandboxes by state, lifecycle counters and one
 /// histogram per resume stage.
 pub async fn prometheus(State(st): State<AppState>) -> impl IntoResponse {
-    let mut by_state = Vec::new();
-    for state in [
-        SandboxState::Running,
-        SandboxState::Paused,
-        SandboxState::Dead,
-    ] {
-        let q = ListQuery {
-            states: vec![state],
-            limit: Some(siesta_sandbox::store::MAX_LIMIT),
-            ..Default::default()
-        };
-        let n = st.manager.list_page(&q).map(|(v, _)| v.len()).unwrap_or(0);
-        by_state.push((state.as_str(), n));
-    }
+    // Every sandbox counted, not a page of them.
+    let by_state: Vec<(&str, usize)> = match st.manager.count_by_state().await {
+        Ok(counts) => counts
+            .into_iter()
+            .map(|(state, n)| (state.as_str(), n as usize))
+            .collect(),
+        Err(e) => {
+            tracing::error!("counting sandboxes for the metrics: {e}");
+            Vec::new()
+        }
+    };
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         st.metrics.render(&by_state),

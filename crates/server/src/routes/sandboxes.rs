@@ -162,7 +162,7 @@ pub async fn list_v2(
     RawQuery(raw): RawQuery,
 ) -> Result<Response, ApiError> {
     let q = query::parse(raw.as_deref(), LIVE)?;
-    let (items, next) = st.manager.list_page(&q)?;
+    let (items, next) = st.manager.list_page(&q).await?;
     let mut headers = HeaderMap::new();
     if let Some(token) = next {
         if let Ok(v) = HeaderValue::from_str(&token) {
@@ -180,7 +180,7 @@ pub async fn list_v1(
 ) -> Result<Json<Vec<Value>>, ApiError> {
     let mut q = query::parse(raw.as_deref(), &[SandboxState::Running])?;
     q.limit = Some(siesta_sandbox::store::MAX_LIMIT);
-    let (items, _) = st.manager.list_page(&q)?;
+    let (items, _) = st.manager.list_page(&q).await?;
     Ok(Json(items.iter().map(model::listed).collect()))
 }
 
