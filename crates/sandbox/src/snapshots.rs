@@ -224,17 +224,21 @@ impl SandboxManager {
         Ok(info(&record, meta))
     }
 
-    /// User snapshots, optionally only those taken of `source`.
-    pub fn list_snapshots(&self, source: Option<&str>) -> Result<Vec<SnapshotInfo>> {
+    /// User snapshots, optionally only those taken of `source` (every
+    /// record is read: on a blocking thread).
+    pub async fn list_snapshots(&self, source: Option<&str>) -> Result<Vec<SnapshotInfo>> {
+        let source = source.map(str::to_string);
+        let repo = self.repo()?;
+        let records = crate::blocking::repo(&repo, "listing snapshots", |r| r.list()).await?;
         let mut out = Vec::new();
-        for record in self.repo()?.list()? {
+        for record in records {
             if record.kind != SnapshotKind::User {
                 continue;
             }
             let Ok(meta) = serde_json::from_value::<UserSnapshotMeta>(record.meta.clone()) else {
                 continue;
             };
-            if source.is_none_or(|s| s == meta.source_sandbox) {
+            if source.as_ref().is_none_or(|s| *s == meta.source_sandbox) {
                 out.push(info(&record, meta));
             }
         }

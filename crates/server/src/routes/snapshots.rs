@@ -44,7 +44,10 @@ pub async fn list(
             .collect();
     let source = params.get("sandboxID").filter(|s| !s.is_empty());
     let name = params.get("name").filter(|s| !s.is_empty());
-    let all = st.manager.list_snapshots(source.map(String::as_str))?;
+    let all = st
+        .manager
+        .list_snapshots(source.map(String::as_str))
+        .await?;
     Ok(Json(
         all.iter()
             .filter(|s| name.is_none_or(|n| s.names.contains(n)))
