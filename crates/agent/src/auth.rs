@@ -23,35 +23,12 @@ pub async fn check_access_token(state: &AgentState, headers: &HeaderMap) -> Resu
         .get(ACCESS_TOKEN_HEADER)
         .map(|v| v.as_bytes())
         .unwrap_or_default();
-    if constant_time_eq(given, expected.as_bytes()) {
+    if siesta_envd_proto::secrets_match(given, expected.as_bytes()) {
         Ok(())
     } else {
         Err(RpcError::new(
             Code::Unauthenticated,
             "missing or invalid access token",
         ))
-    }
-}
-
-/// Compares without an early exit so the time taken does not reveal how long a
-/// matching prefix an attacker has guessed. The length is not secret.
-pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn compares_exactly() {
-        assert!(constant_time_eq(b"secret", b"secret"));
-        assert!(!constant_time_eq(b"secret", b"secreT"));
-        assert!(!constant_time_eq(b"secret", b"secret2"));
-        assert!(!constant_time_eq(b"", b"x"));
-        assert!(constant_time_eq(b"", b""));
     }
 }

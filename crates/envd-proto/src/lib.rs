@@ -5,6 +5,8 @@
 //! binary protobuf codec (prost) and the proto3 JSON mapping (pbjson, the
 //! codec the Python SDK speaks) are wire-compatible with it.
 
+pub mod envelope;
+
 /// `process.Process`: start, attach to and signal processes in the guest.
 pub mod process {
     // Generated code: oneofs mixing empty and large messages (e.g. `start{}`
@@ -29,6 +31,15 @@ pub const ENVD_VERSION: &str = "0.6.4";
 
 /// The TCP port envd listens on inside every guest.
 pub const ENVD_PORT: u16 = 49983;
+
+/// Whether two secrets (access tokens, API keys, URL signatures) are
+/// equal, in time that does not depend on where they differ, only on their
+/// lengths (which are not secret). The one comparison the agent and the
+/// server both use.
+pub fn secrets_match(a: &[u8], b: &[u8]) -> bool {
+    use subtle::ConstantTimeEq;
+    a.ct_eq(b).into()
+}
 
 /// The signature of a signed `/files` URL (`download_url`/`upload_url` of a
 /// secure sandbox, `e2b/sandbox/signature.py`): `v1_` + unpadded base64 of
@@ -64,4 +75,18 @@ pub struct NfsMount {
     /// The server's IPv4 address, as the guest reaches it.
     pub addr: String,
     pub port: u16,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::secrets_match;
+
+    #[test]
+    fn secrets_match_exactly() {
+        assert!(secrets_match(b"secret", b"secret"));
+        assert!(!secrets_match(b"secret", b"secreT"));
+        assert!(!secrets_match(b"secret", b"secret2"));
+        assert!(!secrets_match(b"", b"x"));
+        assert!(secrets_match(b"", b""));
+    }
 }

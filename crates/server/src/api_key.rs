@@ -41,7 +41,7 @@ impl ApiKeys {
     /// each key, so a guess learns nothing from timing).
     pub fn accepts(&self, given: &str) -> bool {
         self.accepted.iter().fold(false, |hit, key| {
-            constant_time_eq(given.as_bytes(), key.as_bytes()) | hit
+            siesta_envd_proto::secrets_match(given.as_bytes(), key.as_bytes()) | hit
         })
     }
 }
@@ -135,13 +135,6 @@ fn write_secret(path: &Path, text: &str) -> std::io::Result<()> {
             .map_err(|e| with_path(e, dir))?;
     }
     Ok(())
-}
-
-/// Equal, in time that does not depend on where they differ (only on
-/// their lengths).
-pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    use subtle::ConstantTimeEq;
-    a.ct_eq(b).into()
 }
 
 fn with_path(e: std::io::Error, path: &Path) -> std::io::Error {

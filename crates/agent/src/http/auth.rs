@@ -7,7 +7,8 @@
 use axum::http::HeaderMap;
 
 use super::HttpError;
-use crate::auth::{constant_time_eq, ACCESS_TOKEN_HEADER};
+use crate::auth::ACCESS_TOKEN_HEADER;
+use siesta_envd_proto::secrets_match;
 
 pub use siesta_envd_proto::file_signature as signature;
 
@@ -33,7 +34,7 @@ pub fn authorize(
         .get(ACCESS_TOKEN_HEADER)
         .map(|v| v.as_bytes())
         .unwrap_or_default();
-    if constant_time_eq(given, token.as_bytes()) {
+    if secrets_match(given, token.as_bytes()) {
         return Ok(());
     }
     let Some(sig) = access.signature else {
@@ -65,7 +66,7 @@ pub fn authorize(
     // The signature is standard base64: a `+` left unescaped in the URL
     // arrives decoded as a space.
     let sig = sig.replace(' ', "+");
-    if constant_time_eq(sig.as_bytes(), want.as_bytes()) {
+    if secrets_match(sig.as_bytes(), want.as_bytes()) {
         Ok(())
     } else {
         Err(HttpError::unauthorized("invalid signature"))

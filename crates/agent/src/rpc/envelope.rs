@@ -1,33 +1,14 @@
-//! Connect streaming envelopes: `[flags u8][length u32 big-endian][payload]`.
-//!
-//! Requests are parsed incrementally from the HTTP body so a client stream
+//! Connect streaming envelopes on the agent's side. The framing itself is
+//! shared with the host (`siesta_envd_proto::envelope`); here requests are
+//! parsed incrementally from the HTTP body so a client stream
 //! (`StreamInput`) is handled message by message as it arrives, not after EOF.
 
-use bytes::{Buf, BufMut, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
 use futures::{Stream, StreamExt};
+pub use siesta_envd_proto::envelope::{encode, FLAG_END_STREAM, MAX_MESSAGE};
+use siesta_envd_proto::envelope::{take_frame, FrameError};
 
 use super::{Code, RpcError};
-
-/// Flag bit: the payload is compressed (we negotiate none, so it is refused).
-pub const FLAG_COMPRESSED: u8 = 0x01;
-/// Flag bit: the end-of-stream message (JSON, even in the proto codec).
-pub const FLAG_END_STREAM: u8 = 0x02;
-
-const HEADER_LEN: usize = 5;
-
-/// The largest message the agent accepts; bigger frames are refused rather
-/// than buffered, so a bogus length cannot make the agent allocate gigabytes.
-pub const MAX_MESSAGE: usize = 64 << 20;
-
-/// Frames `payload` as one envelope.
-pub fn encode(flags: u8, payload: &[u8]) -> Bytes {
-    let mut b = BytesMut::with_capacity(HEADER_LEN + payload.len());
-    b.put_u8(flags);
-    // MAX_MESSAGE keeps every payload we produce far below u32::MAX.
-    b.put_u32(payload.len() as u32);
-    b.put_slice(payload);
-    b.freeze()
-}
 
 /// The end-of-stream envelope: `{}` on success, `{"error":{...}}` on failure.
 pub fn end_stream(error: Option<&RpcError>) -> Bytes {
@@ -93,39 +74,20 @@ where
     /// ends the stream cleanly if they do.
     #[allow(clippy::option_option)]
     fn take_frame(&mut self) -> Result<Option<Option<Bytes>>, RpcError> {
-        if self.buf.len() < HEADER_LEN {
-            return Ok(None);
+        let frame = take_frame(&mut self.buf).map_err(|e| match e {
+            FrameError::Compressed => RpcError::new(Code::Internal, format!("protocol error: {e}")),
+            FrameError::UnknownFlags(_) => RpcError::invalid_argument(e.to_string()),
+            FrameError::TooLarge(_) => RpcError::new(Code::ResourceExhausted, e.to_string()),
+        })?;
+        match frame {
+            None => Ok(None),
+            Some(f) if f.is_end_stream() => {
+                self.eof = true;
+                self.buf.clear();
+                Ok(Some(None))
+            }
+            Some(f) => Ok(Some(Some(f.payload))),
         }
-        let flags = self.buf[0];
-        let len = u32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]]) as usize;
-        if flags & FLAG_COMPRESSED != 0 {
-            return Err(RpcError::new(
-                Code::Internal,
-                "protocol error: compressed message but no compression was negotiated",
-            ));
-        }
-        if flags & !(FLAG_COMPRESSED | FLAG_END_STREAM) != 0 {
-            return Err(RpcError::invalid_argument(format!(
-                "unknown envelope flags {flags:#04x}"
-            )));
-        }
-        if len > MAX_MESSAGE {
-            return Err(RpcError::new(
-                Code::ResourceExhausted,
-                format!("message of {len} bytes exceeds the {MAX_MESSAGE}-byte limit"),
-            ));
-        }
-        if self.buf.len() < HEADER_LEN + len {
-            return Ok(None);
-        }
-        self.buf.advance(HEADER_LEN);
-        let payload = self.buf.split_to(len).freeze();
-        if flags & FLAG_END_STREAM != 0 {
-            self.eof = true;
-            self.buf.clear();
-            return Ok(Some(None));
-        }
-        Ok(Some(Some(payload)))
     }
 }
 

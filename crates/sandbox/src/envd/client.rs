@@ -13,8 +13,8 @@ use siesta_envd_proto::process::{
     ProcessConfig, StartRequest, StartResponse,
 };
 
-use super::envelope::{decode_envelopes, encode_envelope, END_STREAM};
 use crate::error::{Error, Result};
+use siesta_envd_proto::envelope::{encode, take_frame};
 
 /// What `/init` tells a freshly resumed guest.
 #[derive(Debug, Clone, Serialize)]
@@ -284,7 +284,7 @@ impl EnvdClient {
             .post(format!("{}/process.Process/Start", self.base))
             .header("content-type", "application/connect+json")
             .header("connect-protocol-version", "1")
-            .body(encode_envelope(0, &json));
+            .body(encode(0, &json));
         if let Some(t) = &self.token {
             req = req.header("X-Access-Token", t);
         }
@@ -308,8 +308,10 @@ impl EnvdClient {
         while let Some(chunk) = body.next().await {
             let chunk = chunk.map_err(|e| self.agent_err(format!("Start stream: {e}")))?;
             buf.extend_from_slice(&chunk);
-            for env in decode_envelopes(&mut buf) {
-                if env.flags & END_STREAM != 0 {
+            while let Some(env) =
+                take_frame(&mut buf).map_err(|e| self.agent_err(format!("Start stream: {e}")))?
+            {
+                if env.is_end_stream() {
                     return self.finish_stream(&env.payload, ended, out);
                 }
                 let msg: StartResponse = serde_json::from_slice(&env.payload)

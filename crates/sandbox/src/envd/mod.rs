@@ -1,8 +1,9 @@
 //! The host's side of the guest agent (envd protocol, port 49983): readiness,
 //! `/init`, and running commands for `siesta sandbox exec`.
 
+//! Connect envelopes are framed by `siesta_envd_proto::envelope`, the same
+//! code the agent uses.
+
 mod client;
-mod envelope;
 
 pub use client::{EnvdClient, ExecOptions, ExecOutput, InitParams};
-pub use envelope::{decode_envelopes, encode_envelope, Envelope};

@@ -93,7 +93,7 @@ async fn check_traffic_token(
         .get(TRAFFIC_TOKEN_HEADER)
         .map(|v| v.as_bytes())
         .unwrap_or_default();
-    if crate::api_key::constant_time_eq(given, want.as_bytes()) {
+    if siesta_envd_proto::secrets_match(given, want.as_bytes()) {
         Ok(())
     } else {
         Err(ProxyError::TrafficToken {
