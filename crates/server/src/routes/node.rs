@@ -25,7 +25,7 @@ pub async fn prometheus(State(st): State<AppState>) -> impl IntoResponse {
         }
     };
     (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        [(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)],
         st.metrics.render(&by_state),
     )
 }
