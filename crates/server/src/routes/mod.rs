@@ -19,6 +19,8 @@ mod metrics;
 mod model;
 mod network;
 mod node;
+#[cfg(test)]
+mod openapi_check;
 mod query;
 mod sandboxes;
 mod snapshots;
@@ -36,7 +38,7 @@ use axum::extract::{Request, State};
 use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post, put};
+use axum::routing::{MethodFilter, MethodRouter};
 use axum::{Json, Router};
 use siesta_sandbox::SandboxManager;
 use siesta_volume::Volumes;
@@ -57,99 +59,130 @@ pub struct AppState {
     pub volumes: Arc<Volumes>,
 }
 
-pub fn router(state: AppState) -> Router {
-    let control = Router::new()
-        .route(
-            "/sandboxes",
-            post(sandboxes::create).get(sandboxes::list_v1),
-        )
-        .route(
-            "/v2/sandboxes",
-            post(sandboxes::create).get(sandboxes::list_v2),
-        )
-        .route(
-            "/sandboxes/{id}",
-            get(sandboxes::detail).delete(sandboxes::kill),
-        )
-        .route("/sandboxes/{id}/pause", post(sandboxes::pause))
-        .route("/sandboxes/{id}/connect", post(sandboxes::connect))
-        .route("/v2/sandboxes/{id}/connect", post(sandboxes::connect))
-        .route("/sandboxes/{id}/resume", post(sandboxes::connect))
-        .route("/sandboxes/{id}/timeout", post(sandboxes::set_timeout))
-        .route("/sandboxes/{id}/network", put(sandboxes::set_network))
-        .route("/sandboxes/{id}/metrics", get(metrics::one))
-        .route("/sandboxes/metrics", get(metrics::many))
-        .route("/sandboxes/{id}/logs", get(logs::v1))
-        .route("/v2/sandboxes/{id}/logs", get(logs::v2))
-        .route("/sandboxes/{id}/refreshes", post(sandboxes::refresh))
-        .route("/sandboxes/{id}/snapshots", post(snapshots::create))
-        .route("/sandboxes/{id}/fork", post(snapshots::fork))
-        .route("/snapshots", get(snapshots::list))
-        .route("/templates", get(templates::list))
-        .route("/v3/templates", post(template_builds::create))
-        .route(
+/// One path of the API and the handler of each method it answers. The
+/// router is built from [`control_routes`] and [`public_routes`], and a test
+/// (`openapi_document_names_every_route`) checks that the served OpenAPI
+/// document lists exactly these paths and methods.
+pub(crate) struct ApiRoute {
+    pub path: &'static str,
+    /// Read by the OpenAPI document check (a test).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub methods: Vec<&'static str>,
+    pub handler: MethodRouter<AppState>,
+}
+
+/// `api_route!(path, METHOD => handler, ...)`: the methods named once, for
+/// both the router and the inventory.
+macro_rules! api_route {
+    ($path:expr, $($method:ident => $handler:expr),+ $(,)?) => {{
+        let handler = MethodRouter::<AppState>::new()
+            $(.on(MethodFilter::$method, $handler))+;
+        ApiRoute {
+            path: $path,
+            methods: vec![$(stringify!($method)),+],
+            handler,
+        }
+    }};
+}
+
+/// The routes that need the node's API key.
+pub(crate) fn control_routes() -> Vec<ApiRoute> {
+    vec![
+        api_route!("/sandboxes", POST => sandboxes::create, GET => sandboxes::list_v1),
+        api_route!("/v2/sandboxes", POST => sandboxes::create, GET => sandboxes::list_v2),
+        api_route!("/sandboxes/{id}", GET => sandboxes::detail, DELETE => sandboxes::kill),
+        api_route!("/sandboxes/{id}/pause", POST => sandboxes::pause),
+        api_route!("/sandboxes/{id}/connect", POST => sandboxes::connect),
+        api_route!("/v2/sandboxes/{id}/connect", POST => sandboxes::connect),
+        api_route!("/sandboxes/{id}/resume", POST => sandboxes::connect),
+        api_route!("/sandboxes/{id}/timeout", POST => sandboxes::set_timeout),
+        api_route!("/sandboxes/{id}/network", PUT => sandboxes::set_network),
+        api_route!("/sandboxes/{id}/metrics", GET => metrics::one),
+        api_route!("/sandboxes/metrics", GET => metrics::many),
+        api_route!("/sandboxes/{id}/logs", GET => logs::v1),
+        api_route!("/v2/sandboxes/{id}/logs", GET => logs::v2),
+        api_route!("/sandboxes/{id}/refreshes", POST => sandboxes::refresh),
+        api_route!("/sandboxes/{id}/snapshots", POST => snapshots::create),
+        api_route!("/sandboxes/{id}/fork", POST => snapshots::fork),
+        api_route!("/snapshots", GET => snapshots::list),
+        api_route!("/templates", GET => templates::list),
+        api_route!("/v3/templates", POST => template_builds::create),
+        api_route!(
             "/templates/{id}",
-            get(template_builds::get).delete(template_builds::delete),
-        )
-        .route("/templates/aliases/{alias}", get(template_builds::alias))
-        .route(
+            GET => template_builds::get,
+            DELETE => template_builds::delete,
+        ),
+        api_route!("/templates/aliases/{alias}", GET => template_builds::alias),
+        api_route!(
             "/templates/tags",
-            post(template_tags::assign).delete(template_tags::remove),
-        )
-        .route("/templates/{id}/tags", get(template_tags::list))
-        .route(
+            POST => template_tags::assign,
+            DELETE => template_tags::remove,
+        ),
+        api_route!("/templates/{id}/tags", GET => template_tags::list),
+        api_route!(
             "/secrets",
-            get(unsupported::secrets_list).post(unsupported::secrets_store),
-        )
-        .route(
+            GET => unsupported::secrets_list,
+            POST => unsupported::secrets_store,
+        ),
+        api_route!(
             "/secrets/{id}",
-            get(unsupported::secret_missing)
-                .post(unsupported::secret_missing)
-                .delete(unsupported::secret_missing),
-        )
-        .route("/volumes", post(volumes::create).get(volumes::list))
-        .route("/volumes/{id}", get(volumes::get).delete(volumes::delete))
-        .route("/templates/{id}/files/{hash}", get(template_builds::files))
-        .route(
-            "/v2/templates/{id}/builds/{build}",
-            post(template_builds::start),
-        )
-        .route(
+            GET => unsupported::secret_missing,
+            POST => unsupported::secret_missing,
+            DELETE => unsupported::secret_missing,
+        ),
+        api_route!("/volumes", POST => volumes::create, GET => volumes::list),
+        api_route!("/volumes/{id}", GET => volumes::get, DELETE => volumes::delete),
+        api_route!("/templates/{id}/files/{hash}", GET => template_builds::files),
+        api_route!("/v2/templates/{id}/builds/{build}", POST => template_builds::start),
+        api_route!(
             "/templates/{id}/builds/{build}/status",
-            get(template_builds::status),
-        )
-        .route(
+            GET => template_builds::status,
+        ),
+        api_route!(
             "/templates/{id}/builds/{build}/logs",
-            get(template_builds::logs),
-        )
-        .route_layer(middleware::from_fn_with_state(
-            state.clone(),
-            require_api_key,
-        ));
-    Router::new()
-        .route("/health", get(node::health))
-        .route("/metrics", get(node::prometheus))
-        .route("/openapi.yaml", get(node::openapi))
-        // Signed links: the SDK uploads without the API key.
-        .route(
-            "/template-files/{hash}",
-            axum::routing::put(template_builds::upload),
-        )
-        // The volume content API: each volume's own bearer token.
-        .route(
+            GET => template_builds::logs,
+        ),
+    ]
+}
+
+/// The routes without the API key: node endpoints, signed upload links,
+/// and the volume content API (each volume's own bearer token).
+pub(crate) fn public_routes() -> Vec<ApiRoute> {
+    vec![
+        api_route!("/health", GET => node::health),
+        api_route!("/metrics", GET => node::prometheus),
+        api_route!("/openapi.yaml", GET => node::openapi),
+        api_route!("/template-files/{hash}", PUT => template_builds::upload),
+        api_route!(
             "/volumecontent/{id}/file",
-            get(volume_content::read_file).put(volume_content::write_file),
-        )
-        .route(
+            GET => volume_content::read_file,
+            PUT => volume_content::write_file,
+        ),
+        api_route!(
             "/volumecontent/{id}/dir",
-            get(volume_content::list_dir).post(volume_content::make_dir),
-        )
-        .route(
+            GET => volume_content::list_dir,
+            POST => volume_content::make_dir,
+        ),
+        api_route!(
             "/volumecontent/{id}/path",
-            get(volume_content::stat)
-                .patch(volume_content::set_attrs)
-                .delete(volume_content::remove),
-        )
+            GET => volume_content::stat,
+            PATCH => volume_content::set_attrs,
+            DELETE => volume_content::remove,
+        ),
+    ]
+}
+
+fn add_routes(router: Router<AppState>, routes: Vec<ApiRoute>) -> Router<AppState> {
+    routes
+        .into_iter()
+        .fold(router, |r, route| r.route(route.path, route.handler))
+}
+
+pub fn router(state: AppState) -> Router {
+    let control = add_routes(Router::new(), control_routes()).route_layer(
+        middleware::from_fn_with_state(state.clone(), require_api_key),
+    );
+    add_routes(Router::new(), public_routes())
         .merge(control)
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such endpoint") })
         .method_not_allowed_fallback(|| async {
