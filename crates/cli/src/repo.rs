@@ -1,9 +1,13 @@
-//! `siesta repo check [--repair]`: consistency of the snapshot repository.
+//! `siesta repo check [--repair]`: consistency of the snapshot repository;
+//! `siesta repo push|pull|remote-list|remote-alias`: its shared copy in an
+//! S3-compatible object store (`SIESTA_S3_ENDPOINT`, `SIESTA_S3_BUCKET`,
+//! `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`; see docs/cluster.md).
 
 use std::process::ExitCode;
 use std::time::Duration;
 
 use siesta_sandbox::NodeConfig;
+use siesta_snapshot::remote::{RemoteRepo, S3Config};
 use siesta_snapshot::repo::CheckReport;
 use siesta_snapshot::Repository;
 
@@ -18,12 +22,26 @@ pub enum RepoCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Upload snapshot ID (or the one an alias such as template:base names)
+    /// to the object store: chunks first, the record last and only once.
+    Push { id: String },
+    /// Fetch snapshot ID from the object store into this repository, every
+    /// chunk and file checked against its SHA-256.
+    Pull { id: String },
+    /// Snapshot ids in the object store.
+    RemoteList,
+    /// Point an alias in the object store at a pushed snapshot
+    /// (compare-and-swap: fails if another writer moved it meanwhile).
+    RemoteAlias { alias: String, id: String },
 }
 
 pub async fn run(cmd: RepoCommand) -> anyhow::Result<ExitCode> {
     let config = NodeConfig::from_env().map_err(anyhow::Error::msg)?;
     let repo = Repository::open(config.layout().repo())?;
-    let RepoCommand::Check { repair, json } = cmd;
+    let (repair, json) = match cmd {
+        RepoCommand::Check { repair, json } => (repair, json),
+        remote_cmd => return remote(remote_cmd, &repo).await,
+    };
     tokio::task::spawn_blocking(move || {
         if repair {
             let removed = repo.repair(Duration::from_secs(60))?;
@@ -60,4 +78,34 @@ fn print_report(what: &str, report: &CheckReport) {
         };
         println!("  {:?}{fix}: {} {}", i.kind, i.path.display(), i.detail);
     }
+}
+
+async fn remote(cmd: RepoCommand, repo: &Repository) -> anyhow::Result<ExitCode> {
+    let config = S3Config::from_env()?.ok_or_else(|| {
+        anyhow::anyhow!("no object store configured: set SIESTA_S3_ENDPOINT, SIESTA_S3_BUCKET, AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")
+    })?;
+    let remote = RemoteRepo::open(&config)?;
+    let id_of = |name: &str| -> anyhow::Result<String> { Ok(repo.resolve(name)?.id) };
+    match cmd {
+        RepoCommand::Push { id } => {
+            let id = id_of(&id)?;
+            remote.push(repo, &id).await?;
+            println!("pushed {id} to {}/{}", config.endpoint, config.bucket);
+        }
+        RepoCommand::Pull { id } => {
+            let record = remote.pull(repo, &id).await?;
+            println!("pulled {} ({} files)", record.id, record.files.len());
+        }
+        RepoCommand::RemoteList => {
+            for id in remote.list().await? {
+                println!("{id}");
+            }
+        }
+        RepoCommand::RemoteAlias { alias, id } => {
+            remote.set_alias(&alias, &id).await?;
+            println!("{alias} -> {id}");
+        }
+        RepoCommand::Check { .. } => unreachable!("handled by run"),
+    }
+    Ok(ExitCode::SUCCESS)
 }

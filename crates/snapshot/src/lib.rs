@@ -15,6 +15,9 @@
 //!   cache while a restore runs, shared between concurrent resumes; chunks
 //!   already cached ([`pagecache`]) are skipped.
 //!
+//! - [`remote`]: the shared copy in object storage (S3 API): push, pull,
+//!   aliases by compare-and-swap.
+//!
 //! The on-disk layout and the manifest format are documented in
 //! `docs/snapshots.md`.
 
@@ -23,6 +26,7 @@ pub mod pagecache;
 pub mod pagemap;
 pub mod prefetch;
 pub mod record;
+pub mod remote;
 pub mod repo;
 
 pub use manifest::{Manifest, ManifestDescriptor, ManifestError};

@@ -18,6 +18,7 @@
 
 mod check;
 mod fsutil;
+mod import;
 mod lock;
 mod mutate;
 mod publish;

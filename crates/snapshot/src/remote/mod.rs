@@ -1,0 +1,295 @@
+//! The shared copy of the repository in object storage (S3 API), for more
+//! than one node (design: `docs/cluster.md`).
+//!
+//! ```text
+//! chunks/<sha256>          content-addressed chunks of files (chunks.rs)
+//! files/<sha256>.idx       a file as its chunks, size and SHA-256
+//! records/<snapshot-id>    the record and which file each role is
+//! aliases/<alias>          the id it names
+//! ```
+//!
+//! A push uploads the chunks and indexes first (idempotent: same key, same
+//! bytes), then the record with `If-None-Match: *`, so one record wins an
+//! id and a record never names a file that is not there. Aliases move by
+//! compare-and-swap (`If-Match` on the ETag read). A pull fetches every
+//! file, checks each chunk and each file against its SHA-256, and installs
+//! the snapshot in the local repository under the same id and generation
+//! ([`Repository::import`]).
+
+mod chunks;
+mod config;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use object_store::path::Path as Key;
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, UpdateVersion};
+use serde::{Deserialize, Serialize};
+
+use crate::record::{SnapshotRecord, MANIFEST_FILE};
+use crate::repo::{RepoError, Repository};
+pub use chunks::{FileIndex, CHUNK_SIZE};
+pub use config::S3Config;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RemoteError {
+    #[error("object store: {0}")]
+    Config(String),
+    #[error("object store: {what} {key}: {source}")]
+    Store {
+        what: &'static str,
+        key: String,
+        #[source]
+        source: object_store::Error,
+    },
+    #[error("{what} {path}: {source}")]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("object {key} is damaged: {detail}")]
+    Corrupt { key: String, detail: String },
+    #[error("snapshot {0:?} is already in the object store with other content")]
+    Conflict(String),
+    #[error("{0} is not in the object store")]
+    NotFound(String),
+    #[error("alias {0:?} changed in the object store while it was moved; try again")]
+    AliasRace(String),
+    #[error(transparent)]
+    Repo(#[from] RepoError),
+}
+
+pub(crate) fn store_err(
+    what: &'static str,
+    key: &Key,
+) -> impl FnOnce(object_store::Error) -> RemoteError {
+    let key = key.to_string();
+    move |source| match source {
+        object_store::Error::NotFound { .. } => RemoteError::NotFound(key),
+        source => RemoteError::Store { what, key, source },
+    }
+}
+
+/// A record as stored remotely: the record itself and, for each of its
+/// files (and its startup manifest), the SHA-256 naming the file's index.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct RemoteRecord {
+    record: SnapshotRecord,
+    files: BTreeMap<String, String>,
+    #[serde(default)]
+    manifest: Option<String>,
+}
+
+/// The object store holding the shared repository.
+#[derive(Clone)]
+pub struct RemoteRepo {
+    store: Arc<dyn ObjectStore>,
+}
+
+fn record_key(id: &str) -> Key {
+    Key::from(format!("records/{id}"))
+}
+
+fn alias_key(alias: &str) -> Key {
+    Key::from(format!("aliases/{alias}"))
+}
+
+impl RemoteRepo {
+    pub fn new(store: Arc<dyn ObjectStore>) -> Self {
+        Self { store }
+    }
+
+    pub fn open(config: &S3Config) -> Result<Self, RemoteError> {
+        Ok(Self::new(config.build()?))
+    }
+
+    /// Uploads local snapshot `id`. Pushing the same snapshot again is a
+    /// no-op; another record under the same id is [`RemoteError::Conflict`].
+    pub async fn push(&self, repo: &Repository, id: &str) -> Result<SnapshotRecord, RemoteError> {
+        let record = repo.get(id)?;
+        let mut files = BTreeMap::new();
+        for role in record.files.keys() {
+            let path = repo.file_path(&record, role)?;
+            files.insert(role.clone(), chunks::put_file(&self.store, &path).await?);
+        }
+        let manifest = match record.manifest {
+            Some(_) => {
+                let path = repo.snapshot_dir(id).join(MANIFEST_FILE);
+                Some(chunks::put_file(&self.store, &path).await?)
+            }
+            None => None,
+        };
+        let remote = RemoteRecord {
+            record: record.clone(),
+            files,
+            manifest,
+        };
+        let key = record_key(id);
+        let body = serde_json::to_vec_pretty(&remote).map_err(|e| RemoteError::Corrupt {
+            key: key.to_string(),
+            detail: e.to_string(),
+        })?;
+        let create = PutOptions {
+            mode: PutMode::Create,
+            ..Default::default()
+        };
+        match self
+            .store
+            .put_opts(&key, PutPayload::from(body), create)
+            .await
+        {
+            Ok(_) => Ok(record),
+            Err(object_store::Error::AlreadyExists { .. }) => {
+                if self.remote_record(id).await? == remote {
+                    Ok(record)
+                } else {
+                    Err(RemoteError::Conflict(id.to_string()))
+                }
+            }
+            Err(e) => Err(store_err("publishing", &key)(e)),
+        }
+    }
+
+    /// Fetches snapshot `id` into `repo` (a no-op if it is there already),
+    /// every file checked against its SHA-256 first.
+    pub async fn pull(&self, repo: &Repository, id: &str) -> Result<SnapshotRecord, RemoteError> {
+        if let Ok(r) = repo.get(id) {
+            return Ok(r);
+        }
+        let remote = self.remote_record(id).await?;
+        let tmp = repo.import_dir();
+        let fetched = Fetched::default();
+        let mut fetched = fetched;
+        for (role, sha) in &remote.files {
+            let dest = tmp.join(format!("pull-{id}-{role}.{:08x}", rand::random::<u32>()));
+            fetched.paths.push(dest.clone());
+            chunks::get_file(&self.store, sha, &dest).await?;
+            fetched.files.insert(role.clone(), dest);
+        }
+        let manifest = match &remote.manifest {
+            Some(sha) => {
+                let dest = tmp.join(format!("pull-{id}-manifest.{:08x}", rand::random::<u32>()));
+                fetched.paths.push(dest.clone());
+                chunks::get_file(&self.store, sha, &dest).await?;
+                Some(dest)
+            }
+            None => None,
+        };
+        for (role, f) in &remote.record.files {
+            let got = remote.files.get(role).map(String::as_str);
+            if f.digest().is_some_and(|want| Some(want) != got) {
+                return Err(RemoteError::Corrupt {
+                    key: record_key(id).to_string(),
+                    detail: format!("file {role:?} is not the one the record's digest names"),
+                });
+            }
+        }
+        let (repo2, record) = (repo.clone(), remote.record.clone());
+        let files = fetched.files.clone();
+        let installed =
+            tokio::task::spawn_blocking(move || repo2.import(&record, &files, manifest.as_deref()))
+                .await
+                .map_err(|e| RemoteError::Config(format!("installing snapshot {id}: {e}")))??;
+        Ok(installed)
+    }
+
+    /// Points remote `alias` at `id` (which must be pushed): created if
+    /// absent, else replaced only if nobody moved it since it was read.
+    pub async fn set_alias(&self, alias: &str, id: &str) -> Result<(), RemoteError> {
+        self.remote_record(id).await?;
+        let key = alias_key(alias);
+        let mode = match self.store.head(&key).await {
+            Ok(meta) => PutMode::Update(UpdateVersion {
+                e_tag: meta.e_tag,
+                version: meta.version,
+            }),
+            Err(object_store::Error::NotFound { .. }) => PutMode::Create,
+            Err(e) => return Err(store_err("reading", &key)(e)),
+        };
+        let opts = PutOptions {
+            mode,
+            ..Default::default()
+        };
+        let body = PutPayload::from(id.as_bytes().to_vec());
+        match self.store.put_opts(&key, body, opts).await {
+            Ok(_) => Ok(()),
+            Err(
+                object_store::Error::AlreadyExists { .. }
+                | object_store::Error::Precondition { .. },
+            ) => Err(RemoteError::AliasRace(alias.to_string())),
+            Err(e) => Err(store_err("moving", &key)(e)),
+        }
+    }
+
+    /// The id remote `alias` names.
+    pub async fn alias_target(&self, alias: &str) -> Result<String, RemoteError> {
+        let key = alias_key(alias);
+        let bytes = self
+            .store
+            .get(&key)
+            .await
+            .map_err(store_err("fetching", &key))?
+            .bytes()
+            .await
+            .map_err(store_err("reading", &key))?;
+        Ok(String::from_utf8_lossy(&bytes).trim().to_string())
+    }
+
+    /// Ids of every pushed snapshot.
+    pub async fn list(&self) -> Result<Vec<String>, RemoteError> {
+        use futures::TryStreamExt;
+        let prefix = Key::from("records");
+        let metas: Vec<_> = self
+            .store
+            .list(Some(&prefix))
+            .try_collect()
+            .await
+            .map_err(store_err("listing", &prefix))?;
+        let mut ids: Vec<String> = metas
+            .into_iter()
+            .filter_map(|m| m.location.filename().map(str::to_string))
+            .collect();
+        ids.sort();
+        Ok(ids)
+    }
+
+    async fn remote_record(&self, id: &str) -> Result<RemoteRecord, RemoteError> {
+        let key = record_key(id);
+        let bytes = self
+            .store
+            .get(&key)
+            .await
+            .map_err(|e| match store_err("fetching", &key)(e) {
+                RemoteError::NotFound(_) => RemoteError::NotFound(format!(
+                    "snapshot {id:?} (`siesta repo remote-list` lists what is there)"
+                )),
+                other => other,
+            })?
+            .bytes()
+            .await
+            .map_err(store_err("reading", &key))?;
+        serde_json::from_slice(&bytes).map_err(|e| RemoteError::Corrupt {
+            key: key.to_string(),
+            detail: e.to_string(),
+        })
+    }
+}
+
+/// Files a pull wrote under the repository's `tmp/`: removed if the pull
+/// does not install them (an import moves them away first).
+#[derive(Default)]
+struct Fetched {
+    paths: Vec<PathBuf>,
+    files: BTreeMap<String, PathBuf>,
+}
+
+impl Drop for Fetched {
+    fn drop(&mut self) {
+        for p in &self.paths {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
