@@ -33,6 +33,19 @@ pub enum SandboxCommand {
         #[arg(trailing_var_arg = true, required = true)]
         command: Vec<String>,
     },
+    /// An interactive login shell in the sandbox, in a terminal sized like
+    /// this one (raw mode; Ctrl-C goes to the sandbox); exits with the
+    /// shell's code. With stdin not a terminal, the input is typed into the
+    /// shell, followed by an end-of-file.
+    Attach {
+        id: String,
+        /// The shell to run (started with -i -l).
+        #[arg(long, default_value = "/bin/bash")]
+        shell: String,
+        /// Run as this user (default: the sandbox's default user).
+        #[arg(long)]
+        user: Option<String>,
+    },
     /// Pause a sandbox to disk.
     Pause { id: String },
     /// Resume a paused sandbox.
@@ -157,6 +170,9 @@ pub async fn run(cmd: SandboxCommand) -> anyhow::Result<ExitCode> {
             shell,
             command,
         } => return exec(&api, &id, user, shell, &command).await,
+        SandboxCommand::Attach { id, shell, user } => {
+            return crate::attach::attach(&api, &id, &shell, user.as_deref()).await
+        }
         SandboxCommand::Pause { id } => {
             api.call(
                 Method::POST,
@@ -233,9 +249,17 @@ async fn fork(api: &Api, id: &str, count: u32) -> anyhow::Result<ExitCode> {
 pub(crate) async fn agent_of(api: &Api, id: &str) -> anyhow::Result<EnvdClient> {
     let (_, v) = api
         .call(reqwest::Method::GET, &format!("/sandboxes/{id}"), None)
-        .await?;
-    if v["state"] != "running" {
-        bail!("sandbox {id} is {}; resume it first", v["state"]);
+        .await
+        .with_context(|| format!("looking up sandbox {id}"))?;
+    match v["state"].as_str() {
+        Some("running") => {}
+        Some("paused") => {
+            bail!("sandbox {id} is paused; resume it first: siesta sandbox resume {id}")
+        }
+        state => bail!(
+            "sandbox {id} is {}, not running",
+            state.unwrap_or("in no known state")
+        ),
     }
     let token = v["envdAccessToken"].as_str().map(str::to_string);
     Ok(EnvdClient::through_front_door(id, &api.base, token)?)

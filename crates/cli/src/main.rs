@@ -3,6 +3,7 @@
 //! `serve` runs the node's server; `template` builds and lists templates on
 //! this machine; `sandbox` talks to the running server; `bench` measures.
 
+mod attach;
 mod bench;
 mod build_context;
 mod client;

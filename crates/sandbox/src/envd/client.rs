@@ -75,10 +75,10 @@ pub struct ExecOutput {
 
 #[derive(Clone)]
 pub struct EnvdClient {
-    id: String,
-    base: String,
-    token: Option<String>,
-    http: reqwest::Client,
+    pub(super) id: String,
+    pub(super) base: String,
+    pub(super) token: Option<String>,
+    pub(super) http: reqwest::Client,
 }
 
 impl EnvdClient {
@@ -122,7 +122,7 @@ impl EnvdClient {
         })
     }
 
-    fn agent_err(&self, detail: impl std::fmt::Display) -> Error {
+    pub(super) fn agent_err(&self, detail: impl std::fmt::Display) -> Error {
         Error::Agent {
             id: self.id.clone(),
             detail: detail.to_string(),
