@@ -1,5 +1,6 @@
 //! `siesta repo check [--repair]`: consistency of the snapshot repository;
-//! `siesta repo push|pull|remote-list|remote-alias`: its shared copy in an
+//! `siesta repo push|pull|remote-list|remote-alias|remote-delete` and
+//! `repo check --remote`: its shared copy in an
 //! S3-compatible object store (`SIESTA_S3_ENDPOINT`, `SIESTA_S3_BUCKET`,
 //! `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`; see docs/cluster.md).
 
@@ -21,6 +22,11 @@ pub enum RepoCommand {
         repair: bool,
         #[arg(long)]
         json: bool,
+        /// Check the object store instead (SIESTA_S3_*): objects no record
+        /// reaches (older than an hour, so running pushes are safe),
+        /// aliases naming no record, records missing a piece.
+        #[arg(long)]
+        remote: bool,
     },
     /// Upload snapshot ID (or the one an alias such as template:base names)
     /// to the object store: chunks first, the record last and only once.
@@ -30,6 +36,9 @@ pub enum RepoCommand {
     Pull { id: String },
     /// Snapshot ids in the object store.
     RemoteList,
+    /// Delete snapshot ID from the object store (a tombstone first, so a
+    /// push racing it gives up); its chunks go at `check --remote --repair`.
+    RemoteDelete { id: String },
     /// Point an alias in the object store at a pushed snapshot
     /// (compare-and-swap: fails if another writer moved it meanwhile).
     RemoteAlias { alias: String, id: String },
@@ -39,7 +48,11 @@ pub async fn run(cmd: RepoCommand) -> anyhow::Result<ExitCode> {
     let config = NodeConfig::from_env().map_err(anyhow::Error::msg)?;
     let repo = Repository::open(config.layout().repo())?;
     let (repair, json) = match cmd {
-        RepoCommand::Check { repair, json } => (repair, json),
+        RepoCommand::Check {
+            repair,
+            json,
+            remote: false,
+        } => (repair, json),
         remote_cmd => return remote(remote_cmd, &repo).await,
     };
     tokio::task::spawn_blocking(move || {
@@ -80,6 +93,10 @@ fn print_report(what: &str, report: &CheckReport) {
     }
 }
 
+/// How old an object no record reaches must be before `check --remote`
+/// counts it: a push uploads chunks before its record.
+const REMOTE_GRACE: Duration = Duration::from_secs(3600);
+
 async fn remote(cmd: RepoCommand, repo: &Repository) -> anyhow::Result<ExitCode> {
     let config = S3Config::from_env()?.ok_or_else(|| {
         anyhow::anyhow!("no object store configured: set SIESTA_S3_ENDPOINT, SIESTA_S3_BUCKET, AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")
@@ -105,7 +122,40 @@ async fn remote(cmd: RepoCommand, repo: &Repository) -> anyhow::Result<ExitCode>
             remote.set_alias(&alias, &id).await?;
             println!("{alias} -> {id}");
         }
-        RepoCommand::Check { .. } => unreachable!("handled by run"),
+        RepoCommand::RemoteDelete { id } => {
+            if !remote.delete(&id).await? {
+                anyhow::bail!("snapshot {id:?} is not in the object store");
+            }
+            println!("deleted {id}");
+        }
+        RepoCommand::Check { repair, json, .. } => {
+            let report = remote.check(repair, REMOTE_GRACE).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                let verb = if repair { "removed" } else { "found" };
+                println!(
+                    "remote check: {} records; {verb} {} unreferenced objects, {} dangling aliases; {} damaged records",
+                    report.records,
+                    report.unreferenced.len(),
+                    report.dangling_aliases.len(),
+                    report.damaged.len()
+                );
+                for d in &report.damaged {
+                    println!("  damaged: {d} (not repairable)");
+                }
+            }
+            let clean = if repair {
+                report.damaged.is_empty()
+            } else {
+                report.is_clean()
+            };
+            return Ok(if clean {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            });
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

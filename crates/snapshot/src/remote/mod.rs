@@ -6,6 +6,7 @@
 //! files/<sha256>.idx       a file as its chunks, size and SHA-256
 //! records/<snapshot-id>    the record and which file each role is
 //! aliases/<alias>          the id it names
+//! tombstones/<snapshot-id> written first by a delete
 //! ```
 //!
 //! A push uploads the chunks and indexes first (idempotent: same key, same
@@ -14,8 +15,13 @@
 //! compare-and-swap (`If-Match` on the ETag read). A pull fetches every
 //! file, checks each chunk and each file against its SHA-256, and installs
 //! the snapshot in the local repository under the same id and generation
-//! ([`Repository::import`]).
+//! ([`Repository::import`]). A delete writes a tombstone first, then drops
+//! the aliases naming the id and the record; a push that finds a tombstone
+//! (before its record, or after: then it takes its record back) gives up,
+//! so a delete racing a push never leaves a half state. What either leaves
+//! behind (chunks, indexes, aliases) is found by [`RemoteRepo::check`].
 
+mod check;
 mod chunks;
 mod config;
 
@@ -29,6 +35,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::record::{SnapshotRecord, MANIFEST_FILE};
 use crate::repo::{RepoError, Repository};
+pub use check::RemoteReport;
 pub use chunks::{FileIndex, CHUNK_SIZE};
 pub use config::S3Config;
 
@@ -58,6 +65,8 @@ pub enum RemoteError {
     NotFound(String),
     #[error("alias {0:?} changed in the object store while it was moved; try again")]
     AliasRace(String),
+    #[error("snapshot {0:?} was deleted from the object store; it cannot be pushed again")]
+    Deleted(String),
     #[error(transparent)]
     Repo(#[from] RepoError),
 }
@@ -91,6 +100,10 @@ pub struct RemoteRepo {
 
 fn record_key(id: &str) -> Key {
     Key::from(format!("records/{id}"))
+}
+
+fn tombstone_key(id: &str) -> Key {
+    Key::from(format!("tombstones/{id}"))
 }
 
 fn alias_key(alias: &str) -> Key {
@@ -136,11 +149,19 @@ impl RemoteRepo {
             mode: PutMode::Create,
             ..Default::default()
         };
+        if self.is_tombstoned(id).await? {
+            return Err(RemoteError::Deleted(id.to_string()));
+        }
         match self
             .store
             .put_opts(&key, PutPayload::from(body), create)
             .await
         {
+            Ok(_) if self.is_tombstoned(id).await? => {
+                // A delete ran while this push uploaded: it wins.
+                let _ = self.store.delete(&key).await;
+                Err(RemoteError::Deleted(id.to_string()))
+            }
             Ok(_) => Ok(record),
             Err(object_store::Error::AlreadyExists { .. }) => {
                 if self.remote_record(id).await? == remote {
@@ -222,6 +243,64 @@ impl RemoteRepo {
             ) => Err(RemoteError::AliasRace(alias.to_string())),
             Err(e) => Err(store_err("moving", &key)(e)),
         }
+    }
+
+    /// Deletes remote snapshot `id`: tombstone, the aliases naming it, the
+    /// record. Its chunks go at the next `check --repair` (other records
+    /// may share them). `Ok(false)` when there was no such record.
+    pub async fn delete(&self, id: &str) -> Result<bool, RemoteError> {
+        let existed = match self.remote_record(id).await {
+            Ok(_) => true,
+            Err(RemoteError::NotFound(_)) => false,
+            Err(e) => return Err(e),
+        };
+        let tomb = tombstone_key(id);
+        self.store
+            .put(&tomb, PutPayload::from_static(b"deleted"))
+            .await
+            .map_err(store_err("writing", &tomb))?;
+        for alias in self.aliases_naming(id).await? {
+            let key = alias_key(&alias);
+            match self.store.delete(&key).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(store_err("removing", &key)(e)),
+            }
+        }
+        let key = record_key(id);
+        match self.store.delete(&key).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(existed),
+            Err(e) => Err(store_err("removing", &key)(e)),
+        }
+    }
+
+    async fn is_tombstoned(&self, id: &str) -> Result<bool, RemoteError> {
+        let key = tombstone_key(id);
+        match self.store.head(&key).await {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::NotFound { .. }) => Ok(false),
+            Err(e) => Err(store_err("reading", &key)(e)),
+        }
+    }
+
+    async fn aliases_naming(&self, id: &str) -> Result<Vec<String>, RemoteError> {
+        use futures::TryStreamExt;
+        let prefix = Key::from("aliases");
+        let metas: Vec<_> = self
+            .store
+            .list(Some(&prefix))
+            .try_collect()
+            .await
+            .map_err(store_err("listing", &prefix))?;
+        let mut out = Vec::new();
+        for m in metas {
+            let Some(alias) = m.location.filename().map(str::to_string) else {
+                continue;
+            };
+            if self.alias_target(&alias).await.ok().as_deref() == Some(id) {
+                out.push(alias);
+            }
+        }
+        Ok(out)
     }
 
     /// The id remote `alias` names.
