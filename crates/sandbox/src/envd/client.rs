@@ -279,20 +279,8 @@ impl EnvdClient {
             stdin: Some(false),
         };
         let json = serde_json::to_vec(&request).map_err(|e| self.agent_err(e))?;
-        let mut req = self
-            .http
-            .post(format!("{}/process.Process/Start", self.base))
-            .header("content-type", "application/connect+json")
-            .header("connect-protocol-version", "1")
-            .body(encode(0, &json));
-        if let Some(t) = &self.token {
-            req = req.header("X-Access-Token", t);
-        }
-        if let Some(u) = user {
-            let basic = base64::engine::general_purpose::STANDARD.encode(format!("{u}:"));
-            req = req.header("Authorization", format!("Basic {basic}"));
-        }
-        let resp = req
+        let resp = self
+            .start_call(&json, user)
             .send()
             .await
             .map_err(|e| self.agent_err(format!("Start: {e}")))?;
@@ -422,6 +410,35 @@ impl EnvdClient {
             .and_then(|e| e.as_array())
             .cloned()
             .unwrap_or_default())
+    }
+
+    /// `process.Process/Start` (a server stream) with `json` as its one
+    /// request envelope, authorised as [`EnvdClient::authorized`] says.
+    pub(super) fn start_call(&self, json: &[u8], user: Option<&str>) -> reqwest::RequestBuilder {
+        let req = self
+            .http
+            .post(format!("{}/process.Process/Start", self.base))
+            .header("content-type", "application/connect+json")
+            .header("connect-protocol-version", "1")
+            .body(encode(0, json));
+        self.authorized(req, user)
+    }
+
+    /// The guest's access token, and `user` as envd's Basic authorization
+    /// (the user a process runs as).
+    pub(super) fn authorized(
+        &self,
+        mut req: reqwest::RequestBuilder,
+        user: Option<&str>,
+    ) -> reqwest::RequestBuilder {
+        if let Some(t) = &self.token {
+            req = req.header("X-Access-Token", t);
+        }
+        if let Some(u) = user {
+            let basic = base64::engine::general_purpose::STANDARD.encode(format!("{u}:"));
+            req = req.header("Authorization", format!("Basic {basic}"));
+        }
+        req
     }
 
     fn finish_stream(&self, end: &[u8], ended: bool, out: ExecOutput) -> Result<ExecOutput> {

@@ -6,12 +6,11 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use base64::Engine;
 use bytes::{Bytes, BytesMut};
 use futures::stream::BoxStream;
 use futures::StreamExt;
 use serde::Serialize;
-use siesta_envd_proto::envelope::{encode, take_frame};
+use siesta_envd_proto::envelope::take_frame;
 use siesta_envd_proto::process::{
     process_event::{data_event::Output, Event},
     process_input::Input,
@@ -159,14 +158,9 @@ impl EnvdClient {
         };
         let json = serde_json::to_vec(&request).map_err(|e| self.agent_err(e))?;
         // No Connect timeout: an interactive shell lives as long as its user.
-        let mut req = self
-            .http
-            .post(format!("{}/process.Process/Start", self.base))
-            .header("content-type", "application/connect+json")
-            .header("connect-protocol-version", "1")
-            .header("keepalive-ping-interval", KEEPALIVE_SECS)
-            .body(encode(0, &json));
-        req = self.authorized(req, spec.user.as_deref());
+        let req = self
+            .start_call(&json, spec.user.as_deref())
+            .header("keepalive-ping-interval", KEEPALIVE_SECS);
         let resp = req
             .send()
             .await
@@ -238,22 +232,6 @@ impl EnvdClient {
             return Err(self.agent_err(format!("{method} answered {status}: {msg}")));
         }
         Ok(())
-    }
-
-    /// The sandbox's access token and, if given, the guest user.
-    fn authorized(
-        &self,
-        mut req: reqwest::RequestBuilder,
-        user: Option<&str>,
-    ) -> reqwest::RequestBuilder {
-        if let Some(t) = &self.token {
-            req = req.header("X-Access-Token", t);
-        }
-        if let Some(u) = user {
-            let basic = base64::engine::general_purpose::STANDARD.encode(format!("{u}:"));
-            req = req.header("Authorization", format!("Basic {basic}"));
-        }
-        req
     }
 }
 

@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
 
-use super::{store_err, RemoteError};
+use super::{get_bytes, store_err, RemoteError};
 
 pub const CHUNK_SIZE: usize = 4 << 20;
 
@@ -109,13 +109,7 @@ pub async fn get_file(
     dest: &Path,
 ) -> Result<(), RemoteError> {
     let key = index_key(sha);
-    let bytes = store
-        .get(&key)
-        .await
-        .map_err(store_err("fetching", &key))?
-        .bytes()
-        .await
-        .map_err(store_err("reading", &key))?;
+    let bytes = get_bytes(store, &key).await?;
     let index: FileIndex = serde_json::from_slice(&bytes).map_err(|e| RemoteError::Corrupt {
         key: key.to_string(),
         detail: e.to_string(),
@@ -138,13 +132,7 @@ pub async fn get_file(
             continue;
         };
         let ckey = chunk_key(chunk_sha);
-        let data = store
-            .get(&ckey)
-            .await
-            .map_err(store_err("fetching", &ckey))?
-            .bytes()
-            .await
-            .map_err(store_err("reading", &ckey))?;
+        let data = get_bytes(store, &ckey).await?;
         let got = hex(Sha256::digest(&data));
         if &got != chunk_sha || data.len() != len {
             return Err(RemoteError::Corrupt {

@@ -82,6 +82,20 @@ pub(crate) fn store_err(
     }
 }
 
+/// The whole object at `key`.
+pub(crate) async fn get_bytes(
+    store: &Arc<dyn ObjectStore>,
+    key: &Key,
+) -> Result<bytes::Bytes, RemoteError> {
+    store
+        .get(key)
+        .await
+        .map_err(store_err("fetching", key))?
+        .bytes()
+        .await
+        .map_err(store_err("reading", key))
+}
+
 /// A record as stored remotely: the record itself and, for each of its
 /// files (and its startup manifest), the SHA-256 naming the file's index.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -283,19 +297,8 @@ impl RemoteRepo {
     }
 
     async fn aliases_naming(&self, id: &str) -> Result<Vec<String>, RemoteError> {
-        use futures::TryStreamExt;
-        let prefix = Key::from("aliases");
-        let metas: Vec<_> = self
-            .store
-            .list(Some(&prefix))
-            .try_collect()
-            .await
-            .map_err(store_err("listing", &prefix))?;
         let mut out = Vec::new();
-        for m in metas {
-            let Some(alias) = m.location.filename().map(str::to_string) else {
-                continue;
-            };
+        for alias in self.names_under("aliases").await? {
             if self.alias_target(&alias).await.ok().as_deref() == Some(id) {
                 out.push(alias);
             }
@@ -305,51 +308,41 @@ impl RemoteRepo {
 
     /// The id remote `alias` names.
     pub async fn alias_target(&self, alias: &str) -> Result<String, RemoteError> {
-        let key = alias_key(alias);
-        let bytes = self
-            .store
-            .get(&key)
-            .await
-            .map_err(store_err("fetching", &key))?
-            .bytes()
-            .await
-            .map_err(store_err("reading", &key))?;
+        let bytes = get_bytes(&self.store, &alias_key(alias)).await?;
         Ok(String::from_utf8_lossy(&bytes).trim().to_string())
     }
 
     /// Ids of every pushed snapshot.
     pub async fn list(&self) -> Result<Vec<String>, RemoteError> {
+        self.names_under("records").await
+    }
+
+    /// The last path segment of every object under `prefix/`, sorted.
+    async fn names_under(&self, prefix: &str) -> Result<Vec<String>, RemoteError> {
         use futures::TryStreamExt;
-        let prefix = Key::from("records");
+        let prefix = Key::from(prefix);
         let metas: Vec<_> = self
             .store
             .list(Some(&prefix))
             .try_collect()
             .await
             .map_err(store_err("listing", &prefix))?;
-        let mut ids: Vec<String> = metas
+        let mut names: Vec<String> = metas
             .into_iter()
             .filter_map(|m| m.location.filename().map(str::to_string))
             .collect();
-        ids.sort();
-        Ok(ids)
+        names.sort();
+        Ok(names)
     }
 
     async fn remote_record(&self, id: &str) -> Result<RemoteRecord, RemoteError> {
         let key = record_key(id);
-        let bytes = self
-            .store
-            .get(&key)
-            .await
-            .map_err(|e| match store_err("fetching", &key)(e) {
-                RemoteError::NotFound(_) => RemoteError::NotFound(format!(
-                    "snapshot {id:?} (`siesta repo remote-list` lists what is there)"
-                )),
-                other => other,
-            })?
-            .bytes()
-            .await
-            .map_err(store_err("reading", &key))?;
+        let bytes = get_bytes(&self.store, &key).await.map_err(|e| match e {
+            RemoteError::NotFound(_) => RemoteError::NotFound(format!(
+                "snapshot {id:?} (`siesta repo remote-list` lists what is there)"
+            )),
+            other => other,
+        })?;
         serde_json::from_slice(&bytes).map_err(|e| RemoteError::Corrupt {
             key: key.to_string(),
             detail: e.to_string(),
