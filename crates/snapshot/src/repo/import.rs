@@ -4,11 +4,10 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
-use super::fsutil::{io, sync_dir, write_synced};
-use super::lock::{RecordLock, RepoGate};
-use super::{check_name, RepoError, Repository, COMMIT_MARKER, RECORD_FILE};
+use super::fsutil::{io, sync_dir};
+use super::lock::RepoGate;
+use super::{check_name, RepoError, Repository};
 use crate::record::{FileLocation, SnapshotRecord, MANIFEST_FILE};
 
 impl Repository {
@@ -80,30 +79,7 @@ impl Repository {
             std::fs::rename(m, &dest).map_err(io("moving an imported manifest", &dest))?;
         }
         sync_dir(&self.dir("blobs"))?;
-        let bytes = serde_json::to_vec_pretty(record).map_err(|e| RepoError::CorruptRecord {
-            path: staging.join(RECORD_FILE),
-            detail: e.to_string(),
-        })?;
-        write_synced(&staging.join(RECORD_FILE), &bytes)?;
-        sync_dir(staging)?;
-        let _lock = RecordLock::acquire(&self.dir("locks"), &record.id, Duration::from_secs(10))?;
-        if self.is_tombstoned(&record.id) {
-            return Err(RepoError::Deleted {
-                id: record.id.clone(),
-                what: "import",
-            });
-        }
-        let dest = self.snapshot_dir(&record.id);
-        if dest.exists() {
-            return Err(RepoError::Exists(record.id.clone()));
-        }
-        std::fs::rename(staging, &dest).map_err(io("publishing snapshot directory", &dest))?;
-        sync_dir(&self.dir("snapshots"))?;
-        write_synced(
-            &dest.join(COMMIT_MARKER),
-            record.generation.to_string().as_bytes(),
-        )?;
-        sync_dir(&dest)?;
+        self.commit_staged(record, staging, "import")?;
         Ok(record.clone())
     }
 }

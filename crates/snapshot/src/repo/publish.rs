@@ -165,7 +165,27 @@ impl Repository {
             manifest: None,
             meta: req.meta.clone(),
         };
-        let bytes = serde_json::to_vec_pretty(&record).map_err(|e| RepoError::CorruptRecord {
+        let _lock = self.commit_staged(&record, staging, "publication")?;
+
+        for alias in &req.aliases {
+            super::fsutil::replace_file(&self.dir("aliases").join(alias), req.id.as_bytes())?;
+        }
+        self.step(PublishStep::Aliased)?;
+        Ok(record)
+    }
+
+    /// Steps 3-6 for a staging directory holding `record`'s private
+    /// files: the record written, the record lock taken (returned, so the
+    /// caller keeps it while it writes aliases), a tombstone or an existing
+    /// snapshot refusing it, the rename, the commit marker. `what` names
+    /// the operation in a refusal.
+    pub(super) fn commit_staged(
+        &self,
+        record: &SnapshotRecord,
+        staging: &Path,
+        what: &'static str,
+    ) -> Result<RecordLock, RepoError> {
+        let bytes = serde_json::to_vec_pretty(record).map_err(|e| RepoError::CorruptRecord {
             path: staging.join(RECORD_FILE),
             detail: e.to_string(),
         })?;
@@ -173,19 +193,19 @@ impl Repository {
         sync_dir(staging)?;
         self.step(PublishStep::RecordWritten)?;
 
-        let _lock = RecordLock::acquire(&self.dir("locks"), &req.id, Duration::from_secs(10))?;
+        let lock = RecordLock::acquire(&self.dir("locks"), &record.id, Duration::from_secs(10))?;
         self.step(PublishStep::Locked)?;
         // Under the lock, a delete that ran while the files were copied is
         // seen here and wins: the publication is dropped, not resurrected.
-        if self.is_tombstoned(&req.id) {
+        if self.is_tombstoned(&record.id) {
             return Err(RepoError::Deleted {
-                id: req.id.clone(),
-                what: "publication",
+                id: record.id.clone(),
+                what,
             });
         }
-        let dest = self.snapshot_dir(&req.id);
+        let dest = self.snapshot_dir(&record.id);
         if dest.exists() {
-            return Err(RepoError::Exists(req.id.clone()));
+            return Err(RepoError::Exists(record.id.clone()));
         }
         std::fs::rename(staging, &dest).map_err(io("publishing snapshot directory", &dest))?;
         sync_dir(&self.dir("snapshots"))?;
@@ -197,12 +217,7 @@ impl Repository {
         )?;
         sync_dir(&dest)?;
         self.step(PublishStep::Committed)?;
-
-        for alias in &req.aliases {
-            super::fsutil::replace_file(&self.dir("aliases").join(alias), req.id.as_bytes())?;
-        }
-        self.step(PublishStep::Aliased)?;
-        Ok(record)
+        Ok(lock)
     }
 
     fn add_blob(&self, f: &PublishFile) -> Result<FileRef, RepoError> {
