@@ -168,15 +168,7 @@ impl EnvdClient {
         if let Some(t) = &self.token {
             req = req.header("X-Access-Token", t);
         }
-        let resp = req
-            .send()
-            .await
-            .map_err(|e| self.agent_err(format!("/init: {e}")))?;
-        if !resp.status().is_success() {
-            let status = resp.status();
-            let body = resp.text().await.unwrap_or_default();
-            return Err(self.agent_err(format!("/init answered {status}: {body}")));
-        }
+        let resp = self.send_ok(req, "/init").await?;
         if !params.siesta_mounts.is_empty() {
             self.check_mounted(params, resp).await?;
         }
@@ -279,16 +271,7 @@ impl EnvdClient {
             stdin: Some(false),
         };
         let json = serde_json::to_vec(&request).map_err(|e| self.agent_err(e))?;
-        let resp = self
-            .start_call(&json, user)
-            .send()
-            .await
-            .map_err(|e| self.agent_err(format!("Start: {e}")))?;
-        if !resp.status().is_success() {
-            let status = resp.status();
-            let body = resp.text().await.unwrap_or_default();
-            return Err(self.agent_err(format!("Start answered {status}: {body}")));
-        }
+        let resp = self.send_ok(self.start_call(&json, user), "Start").await?;
         let mut out = ExecOutput::default();
         let mut ended = false;
         let mut buf = BytesMut::new();
@@ -410,6 +393,25 @@ impl EnvdClient {
             .and_then(|e| e.as_array())
             .cloned()
             .unwrap_or_default())
+    }
+
+    /// Sends `req`; a transport error or a non-2xx answer is an agent error
+    /// naming `what` (and the answer's status and body).
+    pub(super) async fn send_ok(
+        &self,
+        req: reqwest::RequestBuilder,
+        what: &str,
+    ) -> Result<reqwest::Response> {
+        let resp = req
+            .send()
+            .await
+            .map_err(|e| self.agent_err(format!("{what}: {e}")))?;
+        if !resp.status().is_success() {
+            let status = resp.status();
+            let body = resp.text().await.unwrap_or_default();
+            return Err(self.agent_err(format!("{what} answered {status}: {body}")));
+        }
+        Ok(resp)
     }
 
     /// `process.Process/Start` (a server stream) with `json` as its one

@@ -161,15 +161,7 @@ impl EnvdClient {
         let req = self
             .start_call(&json, spec.user.as_deref())
             .header("keepalive-ping-interval", KEEPALIVE_SECS);
-        let resp = req
-            .send()
-            .await
-            .map_err(|e| self.agent_err(format!("starting the pty: {e}")))?;
-        if !resp.status().is_success() {
-            let status = resp.status();
-            let body = resp.text().await.unwrap_or_default();
-            return Err(self.agent_err(format!("starting the pty answered {status}: {body}")));
-        }
+        let resp = self.send_ok(req, "starting the pty").await?;
         let mut session = PtySession {
             pid: 0,
             client: self.clone(),
