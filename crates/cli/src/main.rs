@@ -61,6 +61,9 @@ enum Command {
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },
+    /// Print the server's OpenAPI document (YAML), the one it serves at
+    /// `/openapi.yaml` (`siesta openapi > docs/openapi.yaml`).
+    Openapi,
 }
 
 /// Logs to stderr, filtered by `SIESTA_LOG`; one JSON object a line with
@@ -96,6 +99,10 @@ fn main() -> std::process::ExitCode {
         clap_complete::generate(shell, &mut Cli::command(), "siesta", &mut std::io::stdout());
         return std::process::ExitCode::SUCCESS;
     }
+    if let Command::Openapi = cli.command {
+        print!("{}", siesta_server::openapi_yaml());
+        return std::process::ExitCode::SUCCESS;
+    }
     // doctor's report is the output: its progress logs only get in the way.
     let default_level = match cli.command {
         Command::Doctor(_) => "warn",
@@ -120,7 +127,7 @@ fn main() -> std::process::ExitCode {
             Command::Volume(cmd) => volume::run(cmd).await,
             Command::Repo(cmd) => repo::run(cmd).await,
             Command::Doctor(args) => doctor::run(args),
-            Command::Completions { .. } => Ok(std::process::ExitCode::SUCCESS),
+            Command::Completions { .. } | Command::Openapi => Ok(std::process::ExitCode::SUCCESS),
         }
     });
     match result {

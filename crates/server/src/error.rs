@@ -23,13 +23,20 @@ impl ApiError {
     }
 }
 
+impl ApiError {
+    /// What the client reads: `{"code", "message", "error_code"?}`.
+    pub fn body(self) -> crate::routes::model::Error {
+        crate::routes::model::Error {
+            code: self.status.as_u16(),
+            message: self.message,
+            error_code: self.error_code,
+        }
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let mut body = serde_json::json!({"code": self.status.as_u16(), "message": self.message});
-        if let Some(code) = self.error_code {
-            body["error_code"] = code.into();
-        }
-        (self.status, Json(body)).into_response()
+        (self.status, Json(self.body())).into_response()
     }
 }
 

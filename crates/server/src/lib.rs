@@ -16,6 +16,7 @@ mod sandbox_metrics;
 
 pub use api_key::{is_e2b_shaped, load_or_create_api_keys, ApiKeys};
 pub use metrics::Metrics;
+pub use routes::openapi::yaml as openapi_yaml;
 pub use routes::{router, AppState};
 
 use std::net::SocketAddr;

@@ -14,7 +14,15 @@ use crate::error::ApiError;
 const DEFAULT_LIMIT: usize = 1000;
 const MAX_LIMIT: usize = 10_000;
 
-/// v1: `{"logs": [{timestamp, line}], "logEntries": [...]}`.
+/// The console's last lines (v1).
+#[utoipa::path(
+    get, path = "/sandboxes/{id}/logs", tag = "sandboxes", operation_id = "logs_v1", params(("id" = String, Path, description = "the sandbox's id"), ("limit" = Option<u32>, Query, minimum = 1, maximum = 10000, description = "the last this many lines (default 1000)")),
+    responses(
+        (status = 200, description = "`{logs: [{timestamp, line}], logEntries}`", body = Object),
+        (status = 400, description = "a bad limit", body = super::model::Error),
+        (status = 404, description = "no such sandbox", body = super::model::Error),
+    ),
+)]
 pub async fn v1(
     State(st): State<AppState>,
     Path(id): Path<String>,
@@ -30,7 +38,15 @@ pub async fn v1(
     Ok(Json(json!({"logs": logs, "logEntries": entries})))
 }
 
-/// v2: `{"logs": [{timestamp, level, message, fields}]}`.
+/// The console's last lines (v2).
+#[utoipa::path(
+    get, path = "/v2/sandboxes/{id}/logs", tag = "sandboxes", operation_id = "logs_v2", params(("id" = String, Path, description = "the sandbox's id"), ("limit" = Option<u32>, Query, minimum = 1, maximum = 10000, description = "the last this many lines (default 1000)")),
+    responses(
+        (status = 200, description = "`{logs: [{timestamp, level, message, fields}]}`", body = Object),
+        (status = 400, description = "a bad limit", body = super::model::Error),
+        (status = 404, description = "no such sandbox", body = super::model::Error),
+    ),
+)]
 pub async fn v2(
     State(st): State<AppState>,
     Path(id): Path<String>,

@@ -23,6 +23,17 @@ const MAX_BATCH: usize = 100;
 /// `SandboxMetric`s of `id` with `start <= time <= end` (Unix seconds,
 /// both optional); a range that reaches the present gets a sample taken
 /// now from a running sandbox.
+#[utoipa::path(
+    get, path = "/sandboxes/{id}/metrics", tag = "sandboxes", operation_id = "metrics",
+    params(("id" = String, Path, description = "the sandbox's id"),
+        ("start" = Option<i64>, Query, description = "Unix seconds"),
+        ("end" = Option<i64>, Query, description = "Unix seconds")),
+    responses(
+        (status = 200, description = "E2B's `SandboxMetric` samples, oldest first", body = [Object]),
+        (status = 400, description = "a bad time", body = super::model::Error),
+        (status = 404, description = "no such sandbox", body = super::model::Error),
+    ),
+)]
 pub async fn one(
     State(st): State<AppState>,
     Path(id): Path<String>,
@@ -58,6 +69,14 @@ pub async fn one(
 /// `{"sandboxes": {id: SandboxMetric}}`: the latest sample of each named
 /// sandbox (taken now for a running one). Sandboxes that do not exist, or
 /// have never been sampled, are left out.
+#[utoipa::path(
+    get, path = "/sandboxes/metrics", tag = "sandboxes", operation_id = "metrics_of_several",
+    params(("sandbox_ids" = String, Query, description = "comma-separated sandbox ids (1-100)")),
+    responses(
+        (status = 200, description = "`{sandboxes: {id: SandboxMetric}}`", body = Object),
+        (status = 400, description = "none or too many ids", body = super::model::Error),
+    ),
+)]
 pub async fn many(
     State(st): State<AppState>,
     RawQuery(raw): RawQuery,

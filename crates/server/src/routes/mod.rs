@@ -11,16 +11,16 @@
 //! | `volumes.rs` | volumes: create, list, get, delete |
 //! | `volume_content.rs` | a volume's files, authorised by the volume's token |
 //! | `node.rs` | `/health`, Prometheus `/metrics`, `/openapi.yaml` |
-//! | `model.rs` | the JSON models (`Sandbox`, `SandboxDetail`, `ListedSandbox`) |
+//! | `model.rs` | the JSON models (`Sandbox`, `SandboxDetail`, `ListedSandbox`, `Error`) |
+//! | `openapi.rs` | the OpenAPI document, made from the handlers' `#[utoipa::path]` and the models |
 //! | `query.rs` | the list query string (double-encoded metadata, comma states) |
 
 mod logs;
 mod metrics;
-mod model;
+pub(crate) mod model;
 mod network;
 mod node;
-#[cfg(test)]
-mod openapi_check;
+pub mod openapi;
 mod query;
 mod sandboxes;
 mod snapshots;
@@ -38,10 +38,11 @@ use axum::extract::{Request, State};
 use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{MethodFilter, MethodRouter};
 use axum::{Json, Router};
 use siesta_sandbox::SandboxManager;
 use siesta_volume::Volumes;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use crate::error::ApiError;
 use crate::metrics::Metrics;
@@ -59,130 +60,76 @@ pub struct AppState {
     pub volumes: Arc<Volumes>,
 }
 
-/// One path of the API and the handler of each method it answers. The
-/// router is built from [`control_routes`] and [`public_routes`], and a test
-/// (`openapi_document_names_every_route`) checks that the served OpenAPI
-/// document lists exactly these paths and methods.
-pub(crate) struct ApiRoute {
-    pub path: &'static str,
-    /// Read by the OpenAPI document check (a test).
-    #[cfg_attr(not(test), allow(dead_code))]
-    pub methods: Vec<&'static str>,
-    pub handler: MethodRouter<AppState>,
-}
-
-/// `api_route!(path, METHOD => handler, ...)`: the methods named once, for
-/// both the router and the inventory.
-macro_rules! api_route {
-    ($path:expr, $($method:ident => $handler:expr),+ $(,)?) => {{
-        let handler = MethodRouter::<AppState>::new()
-            $(.on(MethodFilter::$method, $handler))+;
-        ApiRoute {
-            path: $path,
-            methods: vec![$(stringify!($method)),+],
-            handler,
-        }
-    }};
-}
-
-/// The routes that need the node's API key.
-pub(crate) fn control_routes() -> Vec<ApiRoute> {
-    vec![
-        api_route!("/sandboxes", POST => sandboxes::create, GET => sandboxes::list_v1),
-        api_route!("/v2/sandboxes", POST => sandboxes::create, GET => sandboxes::list_v2),
-        api_route!("/sandboxes/{id}", GET => sandboxes::detail, DELETE => sandboxes::kill),
-        api_route!("/sandboxes/{id}/pause", POST => sandboxes::pause),
-        api_route!("/sandboxes/{id}/connect", POST => sandboxes::connect),
-        api_route!("/v2/sandboxes/{id}/connect", POST => sandboxes::connect),
-        api_route!("/sandboxes/{id}/resume", POST => sandboxes::connect),
-        api_route!("/sandboxes/{id}/timeout", POST => sandboxes::set_timeout),
-        api_route!("/sandboxes/{id}/network", PUT => sandboxes::set_network),
-        api_route!("/sandboxes/{id}/metrics", GET => metrics::one),
-        api_route!("/sandboxes/metrics", GET => metrics::many),
-        api_route!("/sandboxes/{id}/logs", GET => logs::v1),
-        api_route!("/v2/sandboxes/{id}/logs", GET => logs::v2),
-        api_route!("/sandboxes/{id}/refreshes", POST => sandboxes::refresh),
-        api_route!("/sandboxes/{id}/snapshots", POST => snapshots::create),
-        api_route!("/sandboxes/{id}/fork", POST => snapshots::fork),
-        api_route!("/snapshots", GET => snapshots::list),
-        api_route!("/templates", GET => templates::list),
-        api_route!("/v3/templates", POST => template_builds::create),
-        api_route!(
-            "/templates/{id}",
-            GET => template_builds::get,
-            DELETE => template_builds::delete,
-        ),
-        api_route!("/templates/aliases/{alias}", GET => template_builds::alias),
-        api_route!(
-            "/templates/tags",
-            POST => template_tags::assign,
-            DELETE => template_tags::remove,
-        ),
-        api_route!("/templates/{id}/tags", GET => template_tags::list),
-        api_route!(
-            "/secrets",
-            GET => unsupported::secrets_list,
-            POST => unsupported::secrets_store,
-        ),
-        api_route!(
-            "/secrets/{id}",
-            GET => unsupported::secret_missing,
-            POST => unsupported::secret_missing,
-            DELETE => unsupported::secret_missing,
-        ),
-        api_route!("/volumes", POST => volumes::create, GET => volumes::list),
-        api_route!("/volumes/{id}", GET => volumes::get, DELETE => volumes::delete),
-        api_route!("/templates/{id}/files/{hash}", GET => template_builds::files),
-        api_route!("/v2/templates/{id}/builds/{build}", POST => template_builds::start),
-        api_route!(
-            "/templates/{id}/builds/{build}/status",
-            GET => template_builds::status,
-        ),
-        api_route!(
-            "/templates/{id}/builds/{build}/logs",
-            GET => template_builds::logs,
-        ),
-    ]
+/// The routes that need the node's API key. Each handler's
+/// `#[utoipa::path]` names its path and methods once, for both the router
+/// and the OpenAPI document (`openapi.rs`); `routes!` takes the handlers of
+/// one path.
+pub(crate) fn control_routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(sandboxes::create_v1, sandboxes::list_v1))
+        .routes(routes!(sandboxes::create, sandboxes::list_v2))
+        .routes(routes!(sandboxes::detail, sandboxes::kill))
+        .routes(routes!(sandboxes::pause))
+        .routes(routes!(sandboxes::connect_v1))
+        .routes(routes!(sandboxes::connect))
+        .routes(routes!(sandboxes::resume))
+        .routes(routes!(sandboxes::set_timeout))
+        .routes(routes!(sandboxes::set_network))
+        .routes(routes!(metrics::one))
+        .routes(routes!(metrics::many))
+        .routes(routes!(logs::v1))
+        .routes(routes!(logs::v2))
+        .routes(routes!(sandboxes::refresh))
+        .routes(routes!(snapshots::create))
+        .routes(routes!(snapshots::fork))
+        .routes(routes!(snapshots::list))
+        .routes(routes!(templates::list))
+        .routes(routes!(template_builds::create))
+        .routes(routes!(template_builds::get, template_builds::delete))
+        .routes(routes!(template_builds::alias))
+        .routes(routes!(template_tags::assign, template_tags::remove))
+        .routes(routes!(template_tags::list))
+        .routes(routes!(
+            unsupported::secrets_list,
+            unsupported::secrets_store
+        ))
+        .routes(routes!(unsupported::secret_missing))
+        .routes(routes!(volumes::create, volumes::list))
+        .routes(routes!(volumes::get, volumes::delete))
+        .routes(routes!(template_builds::files))
+        .routes(routes!(template_builds::start))
+        .routes(routes!(template_builds::status))
+        .routes(routes!(template_builds::logs))
 }
 
 /// The routes without the API key: node endpoints, signed upload links,
 /// and the volume content API (each volume's own bearer token).
-pub(crate) fn public_routes() -> Vec<ApiRoute> {
-    vec![
-        api_route!("/health", GET => node::health),
-        api_route!("/metrics", GET => node::prometheus),
-        api_route!("/openapi.yaml", GET => node::openapi),
-        api_route!("/template-files/{hash}", PUT => template_builds::upload),
-        api_route!(
-            "/volumecontent/{id}/file",
-            GET => volume_content::read_file,
-            PUT => volume_content::write_file,
-        ),
-        api_route!(
-            "/volumecontent/{id}/dir",
-            GET => volume_content::list_dir,
-            POST => volume_content::make_dir,
-        ),
-        api_route!(
-            "/volumecontent/{id}/path",
-            GET => volume_content::stat,
-            PATCH => volume_content::set_attrs,
-            DELETE => volume_content::remove,
-        ),
-    ]
-}
-
-fn add_routes(router: Router<AppState>, routes: Vec<ApiRoute>) -> Router<AppState> {
-    routes
-        .into_iter()
-        .fold(router, |r, route| r.route(route.path, route.handler))
+pub(crate) fn public_routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(node::health))
+        .routes(routes!(node::prometheus))
+        .routes(routes!(node::openapi))
+        .routes(routes!(template_builds::upload))
+        .routes(routes!(
+            volume_content::read_file,
+            volume_content::write_file
+        ))
+        .routes(routes!(volume_content::list_dir, volume_content::make_dir))
+        .routes(routes!(
+            volume_content::stat,
+            volume_content::set_attrs,
+            volume_content::remove
+        ))
 }
 
 pub fn router(state: AppState) -> Router {
-    let control = add_routes(Router::new(), control_routes()).route_layer(
-        middleware::from_fn_with_state(state.clone(), require_api_key),
-    );
-    add_routes(Router::new(), public_routes())
+    let (control, _) = control_routes().split_for_parts();
+    let control = control.route_layer(middleware::from_fn_with_state(
+        state.clone(),
+        require_api_key,
+    ));
+    let (public, _) = public_routes().split_for_parts();
+    public
         .merge(control)
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such endpoint") })
         .method_not_allowed_fallback(|| async {

@@ -6,20 +6,29 @@ use axum::http::StatusCode;
 use serde::Deserialize;
 use serde_json::Value;
 use siesta_net::{Cidr, DomainPattern, EgressPolicy};
+use utoipa::ToSchema;
 
 use crate::error::ApiError;
 
-/// The create request's `network` object.
-#[derive(Deserialize, Default)]
+/// Egress rules: `allowOut` wins over `denyOut`, which wins over
+/// `allow_internet_access`. The other E2B network options are refused with
+/// 400 (not supported yet).
+#[derive(Deserialize, Default, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct NetworkBody {
+    /// IPv4 addresses, CIDRs or domain patterns (`example.com`,
+    /// `*.example.com`) it may reach.
     #[serde(default)]
     allow_out: Vec<String>,
+    /// IPv4 addresses or CIDRs it may not reach.
     #[serde(default)]
     deny_out: Vec<String>,
+    /// Create only; `false`: its ports (but envd's) need the
+    /// `trafficAccessToken` in `e2b-traffic-access-token`.
     allow_public_traffic: Option<bool>,
     /// Options the SDK can send that siesta does not implement yet.
     #[serde(flatten)]
+    #[schema(ignore)]
     other: serde_json::Map<String, Value>,
 }
 

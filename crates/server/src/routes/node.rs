@@ -6,12 +6,21 @@ use axum::response::IntoResponse;
 
 use super::AppState;
 
+/// Whether the node is up.
+#[utoipa::path(
+    get, path = "/health", tag = "node", security(()),
+    responses((status = 200, description = "the node is up")),
+)]
 pub async fn health() -> StatusCode {
     StatusCode::OK
 }
 
-/// Prometheus text format: sandboxes by state, lifecycle counters and one
-/// histogram per resume stage.
+/// Prometheus metrics (OpenMetrics text): sandboxes by state, lifecycle
+/// counters and one histogram per resume stage.
+#[utoipa::path(
+    get, path = "/metrics", tag = "node", security(()),
+    responses((status = 200, description = "OpenMetrics text", content_type = "application/openmetrics-text")),
+)]
 pub async fn prometheus(State(st): State<AppState>) -> impl IntoResponse {
     // Every sandbox counted, not a page of them.
     let by_state: Vec<(&str, usize)> = match st.manager.count_by_state().await {
@@ -30,10 +39,14 @@ pub async fn prometheus(State(st): State<AppState>) -> impl IntoResponse {
     )
 }
 
-/// The API's OpenAPI 3 document (`docs/openapi.yaml`).
+/// This document (OpenAPI 3, YAML), made from the server's code.
+#[utoipa::path(
+    get, path = "/openapi.yaml", tag = "node", security(()),
+    responses((status = 200, description = "the OpenAPI 3 document", content_type = "application/yaml")),
+)]
 pub async fn openapi() -> impl IntoResponse {
     (
         [(header::CONTENT_TYPE, "application/yaml")],
-        include_str!("../../../../docs/openapi.yaml"),
+        super::openapi::yaml(),
     )
 }

@@ -13,17 +13,25 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 use siesta_sandbox::sandbox::{Lifecycle, OnTimeout, SandboxState};
 use siesta_sandbox::CreateRequest;
+use utoipa::ToSchema;
 
+use super::model::{self, Error, ListedSandbox, Sandbox, SandboxDetail};
 use super::network::{egress_policy, given_egress, NetworkBody};
-use super::{body, model, optional_body, query, unsupported, AppState};
+use super::{body, optional_body, query, unsupported, AppState};
 use crate::error::ApiError;
 
-#[derive(Deserialize)]
+/// E2B's `NewSandbox`.
+#[derive(Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct NewSandbox {
+    /// A template's name (`name:tag` for a tagged build), or a snapshot's
+    /// id or `snapshot:NAME`.
     #[serde(rename = "templateID")]
     template_id: String,
+    /// Seconds until the timeout action; default 300.
+    #[schema(maximum = 86400)]
     timeout: Option<u64>,
+    /// `false`: a timeout kills instead of pausing.
     auto_pause: Option<bool>,
     auto_resume: Option<AutoResume>,
     #[serde(rename = "allow_internet_access")]
@@ -41,17 +49,20 @@ pub struct NewSandbox {
     auto_pause_memory: Option<bool>,
     // `mcp` is accepted as it is: the SDK starts the MCP gateway in the
     // sandbox itself after the create (and kills the sandbox if that fails).
+    /// Refused unless empty (not supported).
+    #[schema(value_type = Option<Object>)]
     iam: Option<Value>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 pub struct AutoResume {
     enabled: bool,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct LifecycleBody {
+    #[schema(value_type = Option<model::TimeoutAction>)]
     on_timeout: Option<OnTimeout>,
     auto_resume: Option<bool>,
 }
@@ -98,6 +109,19 @@ fn untagged(st: &AppState, raw: &str) -> Result<String, ApiError> {
 /// The header that makes a create idempotent.
 const IDEMPOTENCY_KEY: &str = "idempotency-key";
 
+/// Create a sandbox by resuming a template (or a snapshot).
+#[utoipa::path(
+    post, path = "/v2/sandboxes", tag = "sandboxes",
+    params(("Idempotency-Key" = Option<String>, Header,
+        description = "the same key and body within 24 h return the sandbox the first create made")),
+    request_body = NewSandbox,
+    responses(
+        (status = 201, description = "created", body = Sandbox),
+        (status = 400, description = "a malformed body", body = Error),
+        (status = 404, description = "no such template", body = Error),
+        (status = 409, description = "the key was used with another body, or its sandbox no longer runs", body = Error),
+    ),
+)]
 pub async fn create(
     State(st): State<AppState>,
     headers: HeaderMap,
@@ -148,15 +172,52 @@ pub async fn create(
     let info = created?;
     Ok((
         StatusCode::CREATED,
-        Json(model::sandbox(&info, st.sandbox_domain.as_deref())),
+        Json(Sandbox::new(&info, st.sandbox_domain.as_deref())),
     )
         .into_response())
 }
 
+/// Create a sandbox (the v1 path, the same as v2).
+#[utoipa::path(
+    post, path = "/sandboxes", tag = "sandboxes",
+    params(("Idempotency-Key" = Option<String>, Header, description = "as for v2")),
+    request_body = NewSandbox,
+    responses(
+        (status = 201, description = "created", body = Sandbox),
+        (status = 400, description = "a malformed body", body = Error),
+        (status = 404, description = "no such template", body = Error),
+        (status = 409, description = "as for v2", body = Error),
+    ),
+)]
+pub async fn create_v1(
+    st: State<AppState>,
+    headers: HeaderMap,
+    raw: Result<Json<Value>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    create(st, headers, raw).await
+}
+
 const LIVE: &[SandboxState] = &[SandboxState::Running, SandboxState::Paused];
 
-/// `GET /v2/sandboxes`: running and paused by default (`state=dead` shows
+/// List sandboxes: running and paused by default (`state=dead` shows
 /// sandboxes whose VM died), paged through the `x-next-token` header.
+#[utoipa::path(
+    get, path = "/v2/sandboxes", tag = "sandboxes",
+    params(
+        ("state" = Option<String>, Query, description = "comma-separated running,paused,dead"),
+        ("metadata" = Option<String>, Query, description = "url-encoded k=v&k2=v2"),
+        ("template" = Option<String>, Query),
+        ("startedAfter" = Option<chrono::DateTime<chrono::Utc>>, Query),
+        ("order" = Option<String>, Query, description = "asc or desc"),
+        ("limit" = Option<u32>, Query, minimum = 1, maximum = 1000),
+        ("nextToken" = Option<String>, Query),
+    ),
+    responses(
+        (status = 200, description = "one page", body = [ListedSandbox],
+            headers(("x-next-token" = String, description = "the next page's token"))),
+        (status = 400, description = "a malformed query", body = Error),
+    ),
+)]
 pub async fn list_v2(
     State(st): State<AppState>,
     RawQuery(raw): RawQuery,
@@ -169,25 +230,42 @@ pub async fn list_v2(
             headers.insert("x-next-token", v);
         }
     }
-    let body: Vec<Value> = items.iter().map(model::listed).collect();
+    let body: Vec<ListedSandbox> = items.iter().map(ListedSandbox::new).collect();
     Ok((headers, Json(body)).into_response())
 }
 
-/// `GET /sandboxes` (v1): running sandboxes only.
+/// List running sandboxes (v1).
+#[utoipa::path(
+    get, path = "/sandboxes", tag = "sandboxes",
+    params(("metadata" = Option<String>, Query, description = "url-encoded k=v&k2=v2")),
+    responses(
+        (status = 200, description = "running sandboxes", body = [ListedSandbox]),
+        (status = 400, description = "a malformed query", body = Error),
+    ),
+)]
 pub async fn list_v1(
     State(st): State<AppState>,
     RawQuery(raw): RawQuery,
-) -> Result<Json<Vec<Value>>, ApiError> {
+) -> Result<Json<Vec<ListedSandbox>>, ApiError> {
     let mut q = query::parse(raw.as_deref(), &[SandboxState::Running])?;
     q.limit = Some(siesta_sandbox::store::MAX_LIMIT);
     let (items, _) = st.manager.list_page(&q).await?;
-    Ok(Json(items.iter().map(model::listed).collect()))
+    Ok(Json(items.iter().map(ListedSandbox::new).collect()))
 }
 
+/// One sandbox.
+#[utoipa::path(
+    get, path = "/sandboxes/{id}", tag = "sandboxes", params(("id" = String, Path, description = "the sandbox's id")),
+    responses(
+        (status = 200, description = "the sandbox", body = SandboxDetail),
+        (status = 404, description = "no such sandbox", body = Error),
+        (status = 410, description = "its VM died", body = Error),
+    ),
+)]
 pub async fn detail(
     State(st): State<AppState>,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<SandboxDetail>, ApiError> {
     let info = st.manager.get(&id).await?;
     if info.state == SandboxState::Dead {
         return Err(ApiError::new(
@@ -198,9 +276,20 @@ pub async fn detail(
             ),
         ));
     }
-    Ok(Json(model::detail(&info, st.sandbox_domain.as_deref())))
+    Ok(Json(SandboxDetail::new(
+        &info,
+        st.sandbox_domain.as_deref(),
+    )))
 }
 
+/// Kill a sandbox and delete its files.
+#[utoipa::path(
+    delete, path = "/sandboxes/{id}", tag = "sandboxes", params(("id" = String, Path, description = "the sandbox's id")),
+    responses(
+        (status = 204, description = "killed"),
+        (status = 404, description = "no such sandbox", body = Error),
+    ),
+)]
 pub async fn kill(
     State(st): State<AppState>,
     Path(id): Path<String>,
@@ -210,7 +299,7 @@ pub async fn kill(
     Ok(StatusCode::NO_CONTENT)
 }
 
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PauseBody {
     /// `false`: keep only the disk (filesystem-only pause; the resume
@@ -224,7 +313,18 @@ pub struct PauseBody {
 /// How long `requireHealthyGuest` waits for the agent's `/health`.
 const HEALTHY_GUEST_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// `{"memory"?, "requireHealthyGuest"?}`; 409 when already paused.
+/// Pause a running sandbox to disk.
+#[utoipa::path(
+    post, path = "/sandboxes/{id}/pause", tag = "sandboxes", params(("id" = String, Path, description = "the sandbox's id")),
+    request_body(content = Option<PauseBody>, description = "optional"),
+    responses(
+        (status = 204, description = "paused"),
+        (status = 400, description = "a malformed body", body = Error),
+        (status = 404, description = "no such sandbox", body = Error),
+        (status = 409, description = "not running (already paused, or dead)", body = Error),
+        (status = 503, description = "`requireHealthyGuest` and the guest does not answer; it runs on", body = Error),
+    ),
+)]
 pub async fn pause(
     State(st): State<AppState>,
     Path(id): Path<String>,
@@ -255,16 +355,28 @@ pub async fn pause(
     Ok(StatusCode::NO_CONTENT)
 }
 
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, ToSchema)]
 pub struct ConnectBody {
+    /// Its deadline becomes at least this many seconds from now.
     timeout: Option<u64>,
     /// `false`: a paused sandbox comes back from its disk alone (a cold
     /// boot; E2B's `on_resume="reboot"`).
     memory: Option<bool>,
 }
 
-/// Resumes a paused sandbox (201) or returns a running one (200); either
+/// Resume a paused sandbox (201) or return a running one (200); either
 /// way its deadline becomes at least `timeout` seconds from now.
+#[utoipa::path(
+    post, path = "/v2/sandboxes/{id}/connect", tag = "sandboxes", params(("id" = String, Path, description = "the sandbox's id")),
+    request_body(content = Option<ConnectBody>, description = "optional"),
+    responses(
+        (status = 200, description = "it was running", body = Sandbox),
+        (status = 201, description = "resumed", body = Sandbox),
+        (status = 400, description = "a malformed body", body = Error),
+        (status = 404, description = "no such sandbox", body = Error),
+        (status = 409, description = "dead, or its guest did not come back", body = Error),
+    ),
+)]
 pub async fn connect(
     State(st): State<AppState>,
     Path(id): Path<String>,
@@ -286,16 +398,67 @@ pub async fn connect(
     };
     Ok((
         status,
-        Json(model::sandbox(&info, st.sandbox_domain.as_deref())),
+        Json(Sandbox::new(&info, st.sandbox_domain.as_deref())),
     )
         .into_response())
 }
 
-#[derive(Deserialize)]
+/// Resume or connect (the v1 path, the same as v2).
+#[utoipa::path(
+    post, path = "/sandboxes/{id}/connect", tag = "sandboxes", params(("id" = String, Path, description = "the sandbox's id")),
+    request_body(content = Option<ConnectBody>, description = "optional"),
+    responses(
+        (status = 200, description = "it was running", body = Sandbox),
+        (status = 201, description = "resumed", body = Sandbox),
+        (status = 400, description = "a malformed body", body = Error),
+        (status = 404, description = "no such sandbox", body = Error),
+        (status = 409, description = "dead, or its guest did not come back", body = Error),
+    ),
+)]
+pub async fn connect_v1(
+    st: State<AppState>,
+    id: Path<String>,
+    raw: Bytes,
+) -> Result<Response, ApiError> {
+    connect(st, id, raw).await
+}
+
+/// Resume a paused sandbox (the older E2B path; the same as connect).
+#[utoipa::path(
+    post, path = "/sandboxes/{id}/resume", tag = "sandboxes", params(("id" = String, Path, description = "the sandbox's id")),
+    request_body(content = Option<ConnectBody>, description = "optional"),
+    responses(
+        (status = 200, description = "it was running", body = Sandbox),
+        (status = 201, description = "resumed", body = Sandbox),
+        (status = 400, description = "a malformed body", body = Error),
+        (status = 404, description = "no such sandbox", body = Error),
+        (status = 409, description = "dead, or its guest did not come back", body = Error),
+    ),
+)]
+pub async fn resume(
+    st: State<AppState>,
+    id: Path<String>,
+    raw: Bytes,
+) -> Result<Response, ApiError> {
+    connect(st, id, raw).await
+}
+
+#[derive(Deserialize, ToSchema)]
 pub struct TimeoutBody {
+    /// Seconds from now.
     timeout: u64,
 }
 
+/// Set a running sandbox's deadline to `timeout` seconds from now.
+#[utoipa::path(
+    post, path = "/sandboxes/{id}/timeout", tag = "sandboxes", params(("id" = String, Path, description = "the sandbox's id")),
+    request_body = TimeoutBody,
+    responses(
+        (status = 204, description = "deadline set"),
+        (status = 400, description = "a malformed body", body = Error),
+        (status = 404, description = "no such sandbox", body = Error),
+    ),
+)]
 pub async fn set_timeout(
     State(st): State<AppState>,
     Path(id): Path<String>,
@@ -306,13 +469,25 @@ pub async fn set_timeout(
     Ok(StatusCode::NO_CONTENT)
 }
 
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, ToSchema)]
 pub struct RefreshBody {
+    /// Seconds (default 60).
+    #[schema(maximum = 3600)]
     duration: Option<u64>,
 }
 
-/// `POST /sandboxes/{id}/refreshes {"duration"?}`: keeps a running sandbox
-/// alive at least `duration` seconds more (default 60, at most 3600).
+/// Keep a running sandbox alive at least `duration` seconds more
+/// (default 60, at most 3600).
+#[utoipa::path(
+    post, path = "/sandboxes/{id}/refreshes", tag = "sandboxes", params(("id" = String, Path, description = "the sandbox's id")),
+    request_body(content = Option<RefreshBody>, description = "optional"),
+    responses(
+        (status = 204, description = "deadline at least now + duration"),
+        (status = 400, description = "a malformed body or too long", body = Error),
+        (status = 404, description = "no such sandbox", body = Error),
+        (status = 409, description = "not running", body = Error),
+    ),
+)]
 pub async fn refresh(
     State(st): State<AppState>,
     Path(id): Path<String>,
@@ -333,14 +508,26 @@ pub async fn refresh(
 /// `PUT /sandboxes/{id}/network` (`update_network`): the body replaces the
 /// sandbox's address rules; `allow_internet_access` absent keeps the
 /// internet switch as it was.
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 pub struct UpdateNetwork {
+    /// Absent: the internet switch stays as it was.
     #[serde(rename = "allow_internet_access")]
     allow_internet_access: Option<bool>,
     #[serde(flatten)]
     network: NetworkBody,
 }
 
+/// Replace a sandbox's egress rules, at once if it runs.
+#[utoipa::path(
+    put, path = "/sandboxes/{id}/network", tag = "sandboxes", params(("id" = String, Path, description = "the sandbox's id")),
+    request_body = UpdateNetwork,
+    responses(
+        (status = 204, description = "rules replaced"),
+        (status = 400, description = "a malformed body or an option not supported", body = Error),
+        (status = 404, description = "no such sandbox", body = Error),
+        (status = 409, description = "dead", body = Error),
+    ),
+)]
 pub async fn set_network(
     State(st): State<AppState>,
     Path(id): Path<String>,

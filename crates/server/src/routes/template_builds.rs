@@ -20,6 +20,7 @@ use serde_json::{json, Value};
 use siesta_sandbox::template::{self, BuildSource, Step, StepsBuild};
 use siesta_sandbox::Error;
 use tokio::io::AsyncWriteExt;
+use utoipa::ToSchema;
 
 use super::{body, AppState};
 use crate::builds::{BuildStatus, FailureReason, MAX_LOG_PAGE};
@@ -32,7 +33,8 @@ const DEFAULT_TEMPLATE: &str = "base";
 /// The most a COPY archive may hold.
 const MAX_UPLOAD_BYTES: u64 = 8 << 30;
 
-#[derive(Deserialize)]
+/// E2B's `TemplateBuildRequestV3`.
+#[derive(Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct NewTemplate {
     name: Option<String>,
@@ -53,7 +55,16 @@ pub(super) fn template_name(raw: &str) -> Result<String, ApiError> {
     Ok(name.to_string())
 }
 
-/// `POST /v3/templates`: a new build of template `name` (created if new).
+/// A new build of template `name` (created if new).
+#[utoipa::path(
+    post, path = "/v3/templates", tag = "templates",
+    request_body = NewTemplate,
+    responses(
+        (status = 202, description = "`{templateID, buildID, names, aliases, tags, public}`", body = Object),
+        (status = 400, description = "a malformed body or name", body = super::model::Error),
+        (status = 409, description = "a build of it runs already", body = super::model::Error),
+    ),
+)]
 pub async fn create(
     State(st): State<AppState>,
     parsed: Result<Json<NewTemplate>, JsonRejection>,
@@ -92,8 +103,16 @@ pub async fn create(
     Ok((StatusCode::ACCEPTED, Json(out)).into_response())
 }
 
-/// `GET /templates/{id}/files/{hash}`: whether the COPY archive `hash` is
-/// here already; if not, a signed link to upload it to.
+/// Whether the COPY archive `hash` is here already; if not, a signed link
+/// to upload it to.
+#[utoipa::path(
+    get, path = "/templates/{id}/files/{hash}", tag = "templates",
+    params(("id" = String, Path, description = "the template's name"), ("hash" = String, Path, pattern = "^[0-9a-fA-F]{64}$", description = "SHA-256 of the archive")),
+    responses(
+        (status = 201, description = "`{present, url?}`", body = Object),
+        (status = 400, description = "not a SHA-256", body = super::model::Error),
+    ),
+)]
 pub async fn files(
     State(st): State<AppState>,
     Path((_template, hash)): Path<(String, String)>,
@@ -121,15 +140,26 @@ pub async fn files(
     Ok((StatusCode::CREATED, Json(out)).into_response())
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct UploadQuery {
     expires: Option<u64>,
     signature: Option<String>,
 }
 
-/// `PUT /template-files/{hash}?expires&signature`: the upload itself. It
-/// carries no API key (the SDK sends it with a plain client): the signed
-/// link authorises it.
+/// Upload a COPY archive through a signed link. It carries no API key (the
+/// SDK sends it with a plain client): the signed link authorises it.
+#[utoipa::path(
+    put, path = "/template-files/{hash}", tag = "templates", security(()),
+    params(("hash" = String, Path, description = "SHA-256 of the archive"), UploadQuery),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream"),
+    responses(
+        (status = 201, description = "stored"),
+        (status = 400, description = "a bad hash or a broken upload", body = super::model::Error),
+        (status = 403, description = "the link is unsigned, wrongly signed or expired", body = super::model::Error),
+        (status = 413, description = "larger than 8 GiB", body = super::model::Error),
+    ),
+)]
 pub async fn upload(
     State(st): State<AppState>,
     Path(hash): Path<String>,
@@ -203,7 +233,8 @@ fn io_err(what: &str, path: &std::path::Path, e: std::io::Error) -> ApiError {
     )
 }
 
-#[derive(Deserialize)]
+/// E2B's `TemplateBuildStartV2`.
+#[derive(Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct StartBuild {
     from_image: Option<String>,
@@ -218,16 +249,19 @@ pub struct StartBuild {
 }
 
 /// `fromImageRegistry`: how to log in to the image's registry.
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ImageRegistry {
+    /// `registry` (user name and password); other kinds are refused.
     #[serde(rename = "type")]
     kind: String,
     username: Option<String>,
     password: Option<String>,
 }
 
-#[derive(Deserialize)]
+/// One step: `RUN`, `COPY`, `ENV`, `WORKDIR` or `USER`, with its
+/// arguments.
+#[derive(Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct StepBody {
     #[serde(rename = "type")]
@@ -239,7 +273,18 @@ pub struct StepBody {
     force: bool,
 }
 
-/// `POST /v2/templates/{id}/builds/{buildID}`: starts the build.
+/// Start a build created by `POST /v3/templates`.
+#[utoipa::path(
+    post, path = "/v2/templates/{id}/builds/{buildID}", tag = "templates",
+    params(("id" = String, Path, description = "the template's name"), ("buildID" = String, Path, description = "the build's id")),
+    request_body = StartBuild,
+    responses(
+        (status = 202, description = "started"),
+        (status = 400, description = "a malformed body, step or image", body = super::model::Error),
+        (status = 404, description = "no such build, or a missing source template", body = super::model::Error),
+        (status = 409, description = "started already", body = super::model::Error),
+    ),
+)]
 pub async fn start(
     State(st): State<AppState>,
     Path((template_id, build_id)): Path<(String, String)>,
@@ -511,15 +556,26 @@ fn find_build(
         })
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(rename_all = "camelCase")]
 pub struct StatusQuery {
     #[serde(default)]
     logs_offset: usize,
+    #[param(maximum = 100)]
     limit: Option<usize>,
 }
 
-/// `GET /templates/{id}/builds/{buildID}/status`.
+/// A build's status and a page of its log.
+#[utoipa::path(
+    get, path = "/templates/{id}/builds/{buildID}/status", tag = "templates",
+    params(("id" = String, Path, description = "the template's name"), ("buildID" = String, Path, description = "the build's id"), StatusQuery),
+    responses(
+        (status = 200, description = "`{templateID, buildID, status, logs, logEntries, reason?}`", body = Object),
+        (status = 400, description = "a malformed query", body = super::model::Error),
+        (status = 404, description = "no such build", body = super::model::Error),
+    ),
+)]
 pub async fn status(
     State(st): State<AppState>,
     Path((template_id, build_id)): Path<(String, String)>,
@@ -543,7 +599,15 @@ pub async fn status(
     Ok(Json(out))
 }
 
-/// `GET /templates/{id}/builds/{buildID}/logs`.
+/// A build's whole log.
+#[utoipa::path(
+    get, path = "/templates/{id}/builds/{buildID}/logs", tag = "templates",
+    params(("id" = String, Path, description = "the template's name"), ("buildID" = String, Path, description = "the build's id")),
+    responses(
+        (status = 200, description = "`{logs}`", body = Object),
+        (status = 404, description = "no such build", body = super::model::Error),
+    ),
+)]
 pub async fn logs(
     State(st): State<AppState>,
     Path((template_id, build_id)): Path<(String, String)>,
@@ -552,7 +616,16 @@ pub async fn logs(
     Ok(Json(json!({ "logs": build.entries })))
 }
 
-/// `GET /templates/aliases/{alias}`: 200 if the template exists, else 404.
+/// Whether a template of that name exists.
+#[utoipa::path(
+    get, path = "/templates/aliases/{alias}", tag = "templates",
+    params(("alias" = String, Path)),
+    responses(
+        (status = 200, description = "`{templateID, public}`", body = Object),
+        (status = 400, description = "not a template name", body = super::model::Error),
+        (status = 404, description = "no such template", body = super::model::Error),
+    ),
+)]
 pub async fn alias(
     State(st): State<AppState>,
     Path(alias): Path<String>,
@@ -569,7 +642,15 @@ pub async fn alias(
     }
 }
 
-/// `GET /templates/{id}`: the template with its builds.
+/// One template (its id is its name) with the builds this server ran of it.
+#[utoipa::path(
+    get, path = "/templates/{id}", tag = "templates", params(("id" = String, Path, description = "the template's name")),
+    responses(
+        (status = 200, description = "E2B's `TemplateWithBuilds`", body = Object),
+        (status = 400, description = "not a template name", body = super::model::Error),
+        (status = 404, description = "no such template", body = super::model::Error),
+    ),
+)]
 pub async fn get(
     State(st): State<AppState>,
     Path(id): Path<String>,
@@ -588,8 +669,16 @@ pub async fn get(
     Ok(Json(out))
 }
 
-/// `DELETE /templates/{id}`: a user snapshot (E2B's snapshots are
-/// templates) or a template.
+/// Delete a user snapshot of that id or name (E2B's snapshots are
+/// templates), else the template.
+#[utoipa::path(
+    delete, path = "/templates/{id}", tag = "templates",
+    params(("id" = String, Path, description = "a snapshot's id or name, or a template's name")),
+    responses(
+        (status = 204, description = "deleted"),
+        (status = 404, description = "no such snapshot or template", body = super::model::Error),
+    ),
+)]
 pub async fn delete(
     State(st): State<AppState>,
     Path(id): Path<String>,

@@ -52,13 +52,23 @@ pub fn build_id_of(t: &Template) -> String {
     crate::builds::uuid_shaped(bytes)
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 pub struct AssignTags {
+    /// `NAME` or `NAME:TAG`.
     target: String,
     tags: Vec<String>,
 }
 
-/// `POST /templates/tags {target, tags}`: 201 `{buildID, tags}`.
+/// Assign tags to a template's build.
+#[utoipa::path(
+    post, path = "/templates/tags", tag = "templates", operation_id = "assign_tags",
+    request_body = AssignTags,
+    responses(
+        (status = 201, description = "`{buildID, tags}`", body = Object),
+        (status = 400, description = "a malformed body, name or tag", body = super::model::Error),
+        (status = 404, description = "no such template", body = super::model::Error),
+    ),
+)]
 pub async fn assign(
     State(st): State<AppState>,
     parsed: Result<Json<AssignTags>, JsonRejection>,
@@ -81,13 +91,22 @@ pub async fn assign(
     Ok((StatusCode::CREATED, Json(out)).into_response())
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 pub struct RemoveTags {
     name: String,
     tags: Vec<String>,
 }
 
-/// `DELETE /templates/tags {name, tags}`: 204; 404 for no such template.
+/// Remove tags from a template.
+#[utoipa::path(
+    delete, path = "/templates/tags", tag = "templates", operation_id = "remove_tags",
+    request_body = RemoveTags,
+    responses(
+        (status = 204, description = "removed"),
+        (status = 400, description = "a malformed body, name or tag", body = super::model::Error),
+        (status = 404, description = "no such template", body = super::model::Error),
+    ),
+)]
 pub async fn remove(
     State(st): State<AppState>,
     parsed: Result<Json<RemoveTags>, JsonRejection>,
@@ -104,7 +123,15 @@ pub async fn remove(
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// `GET /templates/{id}/tags`: `[{tag, buildID, createdAt}]`.
+/// A template's tags.
+#[utoipa::path(
+    get, path = "/templates/{id}/tags", tag = "templates", operation_id = "list_tags", params(("id" = String, Path, description = "the template's name")),
+    responses(
+        (status = 200, description = "`[{tag, buildID, createdAt}]`", body = [Object]),
+        (status = 400, description = "not a template name", body = super::model::Error),
+        (status = 404, description = "no such template", body = super::model::Error),
+    ),
+)]
 pub async fn list(
     State(st): State<AppState>,
     Path(id): Path<String>,

@@ -8,6 +8,11 @@ use siesta_sandbox::template::Template;
 use super::AppState;
 use crate::error::ApiError;
 
+/// The templates on this node, as E2B's `Template`.
+#[utoipa::path(
+    get, path = "/templates", tag = "templates",
+    responses((status = 200, description = "`[{templateID, buildID, aliases, names, cpuCount, memoryMB, diskSizeMB, ...}]`", body = [Object])),
+)]
 pub async fn list(State(st): State<AppState>) -> Result<Json<Vec<Value>>, ApiError> {
     let layout = st.manager.node().config.layout();
     let all = tokio::task::spawn_blocking(move || siesta_sandbox::template::list(&layout))

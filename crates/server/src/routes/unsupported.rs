@@ -11,10 +11,20 @@ use crate::error::ApiError;
 
 /// E2B's secrets (`Secret.create`, ...): none are stored here, so a list is
 /// empty, a look-up finds nothing, and storing one is refused by name.
+#[utoipa::path(
+    get, path = "/secrets", tag = "secrets",
+    responses((status = 200, description = "an empty array", body = [Object])),
+)]
 pub async fn secrets_list() -> axum::Json<Vec<Value>> {
     axum::Json(Vec::new())
 }
 
+/// Store a secret: not supported by this server; refused.
+#[utoipa::path(
+    post, path = "/secrets", tag = "secrets",
+    request_body(content = Object, description = "E2B's secret"),
+    responses((status = 400, description = "not supported", body = super::model::Error)),
+)]
 pub async fn secrets_store() -> ApiError {
     refuse(
         "secrets are not supported by this server yet (nothing was stored); \
@@ -22,6 +32,12 @@ pub async fn secrets_store() -> ApiError {
     )
 }
 
+/// Get, update or delete a secret: none exist here.
+#[utoipa::path(
+    method(get, post, delete), path = "/secrets/{id}", tag = "secrets",
+    params(("id" = String, Path)),
+    responses((status = 404, description = "no such secret", body = super::model::Error)),
+)]
 pub async fn secret_missing() -> ApiError {
     ApiError::new(
         StatusCode::NOT_FOUND,

@@ -53,7 +53,7 @@ impl ContentQuery {
 }
 
 /// The PATCH body.
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct AttrsBody {
     uid: Option<u32>,
@@ -90,6 +90,16 @@ impl FromRequestParts<AppState> for Target {
     }
 }
 
+/// A file's bytes (the volume's bearer token, not the API key).
+#[utoipa::path(
+    get, path = "/volumecontent/{id}/file", tag = "volumes", security(("volumeToken" = [])),
+    params(("id" = String, Path, description = "the volume's id"), ("path" = String, Query, description = "a path in the volume")),
+    responses(
+        (status = 200, description = "the file", content_type = "application/octet-stream", body = Vec<u8>),
+        (status = 401, description = "a missing or wrong token", body = super::model::Error),
+        (status = 404, description = "no such volume or path", body = super::model::Error),
+    ),
+)]
 pub async fn read_file(t: Target) -> Result<Response, ApiError> {
     let (file, len) = blocking(move || t.fs.open_read(&t.path)).await?;
     let stream = tokio_util::io::ReaderStream::new(tokio::fs::File::from_std(file));
@@ -103,6 +113,19 @@ pub async fn read_file(t: Target) -> Result<Response, ApiError> {
         .into_response())
 }
 
+/// Write a file (replaces one only with `force`).
+#[utoipa::path(
+    put, path = "/volumecontent/{id}/file", tag = "volumes", security(("volumeToken" = [])),
+    params(("id" = String, Path, description = "the volume's id"), ("path" = String, Query, description = "a path in the volume"), ("uid" = Option<u32>, Query), ("gid" = Option<u32>, Query), ("mode" = Option<u32>, Query), ("force" = Option<bool>, Query)),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream"),
+    responses(
+        (status = 201, description = "the entry", body = Object),
+        (status = 409, description = "it exists (without force)", body = super::model::Error),
+        (status = 507, description = "the volume's size limit", body = super::model::Error),
+        (status = 401, description = "a missing or wrong token", body = super::model::Error),
+        (status = 404, description = "no such volume or path", body = super::model::Error),
+    ),
+)]
 pub async fn write_file(t: Target, body: Body) -> Result<Response, ApiError> {
     let Target { fs, path, query } = t;
     let force = query.force.unwrap_or(false);
@@ -141,23 +164,65 @@ pub async fn write_file(t: Target, body: Body) -> Result<Response, ApiError> {
     })
 }
 
+/// A directory's entries.
+#[utoipa::path(
+    get, path = "/volumecontent/{id}/dir", tag = "volumes", security(("volumeToken" = [])),
+    params(("id" = String, Path, description = "the volume's id"), ("path" = String, Query, description = "a path in the volume"), ("depth" = Option<u32>, Query, minimum = 1)),
+    responses(
+        (status = 200, description = "its entries", body = [Object]),
+        (status = 401, description = "a missing or wrong token", body = super::model::Error),
+        (status = 404, description = "no such volume or path", body = super::model::Error),
+    ),
+)]
 pub async fn list_dir(t: Target) -> Result<Response, ApiError> {
     let depth = t.query.depth.unwrap_or(1);
     let entries = blocking(move || t.fs.list(&t.path, depth)).await?;
     Ok(Json(entries).into_response())
 }
 
+/// Make a directory (`force`: with its parents).
+#[utoipa::path(
+    post, path = "/volumecontent/{id}/dir", tag = "volumes", security(("volumeToken" = [])),
+    params(("id" = String, Path, description = "the volume's id"), ("path" = String, Query, description = "a path in the volume"), ("uid" = Option<u32>, Query), ("gid" = Option<u32>, Query), ("mode" = Option<u32>, Query), ("force" = Option<bool>, Query)),
+    responses(
+        (status = 201, description = "the entry", body = Object),
+        (status = 409, description = "it exists", body = super::model::Error),
+        (status = 401, description = "a missing or wrong token", body = super::model::Error),
+        (status = 404, description = "no such volume or path", body = super::model::Error),
+    ),
+)]
 pub async fn make_dir(t: Target) -> Result<Response, ApiError> {
     let (attrs, parents) = (t.query.attrs(), t.query.force.unwrap_or(false));
     let stat = blocking(move || t.fs.make_dir(&t.path, attrs, parents)).await?;
     Ok((StatusCode::CREATED, Json(stat)).into_response())
 }
 
+/// Stat a path.
+#[utoipa::path(
+    get, path = "/volumecontent/{id}/path", tag = "volumes", security(("volumeToken" = [])),
+    params(("id" = String, Path, description = "the volume's id"), ("path" = String, Query, description = "a path in the volume")),
+    responses(
+        (status = 200, description = "the entry", body = Object),
+        (status = 401, description = "a missing or wrong token", body = super::model::Error),
+        (status = 404, description = "no such volume or path", body = super::model::Error),
+    ),
+)]
 pub async fn stat(t: Target) -> Result<Response, ApiError> {
     let stat = blocking(move || t.fs.stat(&t.path)).await?;
     Ok(Json(stat).into_response())
 }
 
+/// Change owner and mode.
+#[utoipa::path(
+    patch, path = "/volumecontent/{id}/path", tag = "volumes", security(("volumeToken" = [])),
+    params(("id" = String, Path, description = "the volume's id"), ("path" = String, Query, description = "a path in the volume")),
+    request_body(content = Option<AttrsBody>, description = "optional"),
+    responses(
+        (status = 200, description = "the entry", body = Object),
+        (status = 401, description = "a missing or wrong token", body = super::model::Error),
+        (status = 404, description = "no such volume or path", body = super::model::Error),
+    ),
+)]
 pub async fn set_attrs(t: Target, bytes: Bytes) -> Result<Response, ApiError> {
     let body: AttrsBody = super::optional_body(&bytes)?;
     let attrs = Attrs {
@@ -169,6 +234,17 @@ pub async fn set_attrs(t: Target, bytes: Bytes) -> Result<Response, ApiError> {
     Ok(Json(stat).into_response())
 }
 
+/// Remove a file or a tree.
+#[utoipa::path(
+    delete, path = "/volumecontent/{id}/path", tag = "volumes", security(("volumeToken" = [])),
+    params(("id" = String, Path, description = "the volume's id"), ("path" = String, Query, description = "a path in the volume")),
+    responses(
+        (status = 204, description = "removed"),
+        (status = 400, description = "the volume's root", body = super::model::Error),
+        (status = 401, description = "a missing or wrong token", body = super::model::Error),
+        (status = 404, description = "no such volume or path", body = super::model::Error),
+    ),
+)]
 pub async fn remove(t: Target) -> Result<StatusCode, ApiError> {
     blocking(move || t.fs.remove(&t.path)).await?;
     Ok(StatusCode::NO_CONTENT)

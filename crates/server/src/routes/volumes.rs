@@ -10,28 +10,32 @@ use axum::Json;
 use serde::{Deserialize, Serialize};
 use siesta_sandbox::volumes::VolumeMount;
 use siesta_volume::{VolumeError, VolumeRecord};
+use utoipa::ToSchema;
 
+use super::model::Error;
 use super::AppState;
 use crate::error::ApiError;
 
 /// The create body: E2B's `NewVolume`, plus siesta's optional size limit.
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct NewVolume {
     name: String,
     /// Size limit in MiB (default: the server's `--volume-size-mib`).
     #[serde(rename = "sizeLimitMB")]
+    #[schema(minimum = 1)]
     size_limit_mb: Option<u64>,
 }
 
 /// E2B's `VolumeAndToken` (and `Volume`, which is the same without the
 /// token), with the size limit and creation time as extra fields.
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 struct VolumeBody {
     #[serde(rename = "volumeID")]
     volume_id: String,
     name: String,
+    /// The bearer token of its content API (create and get only).
     #[serde(skip_serializing_if = "Option::is_none")]
     token: Option<String>,
     #[serde(rename = "sizeLimitMB")]
@@ -51,6 +55,16 @@ impl VolumeBody {
     }
 }
 
+/// A new volume (E2B's `NewVolume`, plus an optional size limit in MiB).
+#[utoipa::path(
+    post, path = "/volumes", tag = "volumes",
+    request_body = NewVolume,
+    responses(
+        (status = 201, description = "created, with its token", body = VolumeBody),
+        (status = 400, description = "a malformed body or name", body = Error),
+        (status = 409, description = "the name is taken", body = Error),
+    ),
+)]
 pub async fn create(
     State(st): State<AppState>,
     bytes: Bytes,
@@ -66,12 +80,25 @@ pub async fn create(
     Ok((StatusCode::CREATED, Json(VolumeBody::new(record, true))))
 }
 
+/// Every volume, oldest first.
+#[utoipa::path(
+    get, path = "/volumes", tag = "volumes",
+    responses((status = 200, description = "every volume, without tokens", body = [VolumeBody])),
+)]
 pub async fn list(State(st): State<AppState>) -> Result<impl IntoResponse, ApiError> {
     let all = blocking(move || st.volumes.list()).await?;
     let out: Vec<VolumeBody> = all.into_iter().map(|r| VolumeBody::new(r, false)).collect();
     Ok(Json(out))
 }
 
+/// One volume, with its token.
+#[utoipa::path(
+    get, path = "/volumes/{id}", tag = "volumes", params(("id" = String, Path, description = "the volume's id or name")),
+    responses(
+        (status = 200, description = "the volume", body = VolumeBody),
+        (status = 404, description = "no such volume", body = Error),
+    ),
+)]
 pub async fn get(
     State(st): State<AppState>,
     Path(id): Path<String>,
@@ -80,6 +107,15 @@ pub async fn get(
     Ok(Json(VolumeBody::new(record, true)))
 }
 
+/// Delete a volume and its files.
+#[utoipa::path(
+    delete, path = "/volumes/{id}", tag = "volumes", params(("id" = String, Path, description = "the volume's id or name")),
+    responses(
+        (status = 204, description = "deleted"),
+        (status = 404, description = "no such volume", body = Error),
+        (status = 409, description = "mounted in a running or paused sandbox", body = Error),
+    ),
+)]
 pub async fn delete(
     State(st): State<AppState>,
     Path(id): Path<String>,
@@ -104,7 +140,8 @@ pub async fn delete(
 }
 
 /// One entry of a create request's `volumeMounts`.
-#[derive(Deserialize)]
+/// A volume to mount, by name, at an absolute path in the guest.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MountBody {
     name: String,
