@@ -12,12 +12,12 @@ AGENT_TARGET := x86_64-unknown-linux-gnu
 AGENT_BIN := target/$(AGENT_TARGET)/release/siesta-agent
 SIESTA := target/release/siesta
 
-.PHONY: up test deps test-deps s3-venv e2b-js build agent assets template lint unit-test e2b-venv schemathesis-venv e2b-test conformance-test fault-test doctor clean-assets
+.PHONY: up test deps test-deps s3-venv e2b-js build agent assets template lint unit-test e2b-venv schemathesis-venv e2b-test conformance-test fault-test deploy-venv deploy-check doctor clean-assets
 
 up: deps build assets template
 	$(SIESTA) serve --listen $(LISTEN)
 
-test: deps test-deps build assets template lint unit-test e2b-test conformance-test fault-test
+test: deps test-deps build assets template lint deploy-check unit-test e2b-test conformance-test fault-test
 
 deps:
 	./scripts/install-deps.sh
@@ -42,6 +42,18 @@ template: build assets
 lint:
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
+
+# deploy/ (the systemd unit and the Kubernetes manifests) checked offline:
+# kubernetes-validate --strict against the API schemas it ships, the
+# ConfigMap's siesta.toml read by siesta itself, systemd-analyze verify
+# (tests/deploy/check.sh). No cluster or running systemd is involved.
+DEPLOY_VENV ?= .venv-deploy
+deploy-venv:
+	test -x $(DEPLOY_VENV)/bin/python || python3 -m venv $(DEPLOY_VENV)
+	$(DEPLOY_VENV)/bin/pip install --quiet --disable-pip-version-check -r tests/deploy/requirements.txt
+
+deploy-check: deploy-venv
+	DEPLOY_VENV=$(abspath $(DEPLOY_VENV)) SIESTA_BIN=$(abspath $(SIESTA)) ./tests/deploy/check.sh
 
 # Unit and integration tests, including the ones that boot real VMs under
 # QEMU (they use the assets built above and clean up after themselves).

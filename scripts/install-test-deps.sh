@@ -2,7 +2,8 @@
 # Installs what only the tests need (make test calls it after
 # install-deps.sh): an OCI registry server and the tools that make and push
 # images without Docker, htpasswd for a registry that needs a password,
-# openssl for the egress tests' HTTPS listener, and
+# openssl for the egress tests' HTTPS listener, systemd-analyze (package
+# systemd) for make deploy-check's verify of deploy/siesta.service, and
 # Node.js with npm for the JS SDK's test (only when no node is installed: the
 # machine's own, newer one is never replaced). Idempotent; run as root on Debian 12.
 #
@@ -20,6 +21,7 @@ declare -A NEED=(
   [openssl]=openssl
   [node]=nodejs
   [npm]=npm
+  [systemd-analyze]=systemd
 )
 missing=()
 for cmd in "${!NEED[@]}"; do
