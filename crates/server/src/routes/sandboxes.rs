@@ -364,18 +364,33 @@ pub struct ConnectBody {
     memory: Option<bool>,
 }
 
+/// What connect, its v1 path and resume answer (for the document only).
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)]
+enum ConnectAnswers {
+    /// it was running
+    #[response(status = 200)]
+    Running(Sandbox),
+    /// resumed
+    #[response(status = 201)]
+    Resumed(Sandbox),
+    /// a malformed body
+    #[response(status = 400)]
+    Malformed(Error),
+    /// no such sandbox
+    #[response(status = 404)]
+    Missing(Error),
+    /// dead, or its guest did not come back
+    #[response(status = 409)]
+    Conflict(Error),
+}
+
 /// Resume a paused sandbox (201) or return a running one (200); either
 /// way its deadline becomes at least `timeout` seconds from now.
 #[utoipa::path(
     post, path = "/v2/sandboxes/{id}/connect", tag = "sandboxes", params(("id" = String, Path, description = "the sandbox's id")),
     request_body(content = Option<ConnectBody>, description = "optional"),
-    responses(
-        (status = 200, description = "it was running", body = Sandbox),
-        (status = 201, description = "resumed", body = Sandbox),
-        (status = 400, description = "a malformed body", body = Error),
-        (status = 404, description = "no such sandbox", body = Error),
-        (status = 409, description = "dead, or its guest did not come back", body = Error),
-    ),
+    responses(ConnectAnswers),
 )]
 pub async fn connect(
     State(st): State<AppState>,
@@ -407,13 +422,7 @@ pub async fn connect(
 #[utoipa::path(
     post, path = "/sandboxes/{id}/connect", tag = "sandboxes", params(("id" = String, Path, description = "the sandbox's id")),
     request_body(content = Option<ConnectBody>, description = "optional"),
-    responses(
-        (status = 200, description = "it was running", body = Sandbox),
-        (status = 201, description = "resumed", body = Sandbox),
-        (status = 400, description = "a malformed body", body = Error),
-        (status = 404, description = "no such sandbox", body = Error),
-        (status = 409, description = "dead, or its guest did not come back", body = Error),
-    ),
+    responses(ConnectAnswers),
 )]
 pub async fn connect_v1(
     st: State<AppState>,
@@ -427,13 +436,7 @@ pub async fn connect_v1(
 #[utoipa::path(
     post, path = "/sandboxes/{id}/resume", tag = "sandboxes", params(("id" = String, Path, description = "the sandbox's id")),
     request_body(content = Option<ConnectBody>, description = "optional"),
-    responses(
-        (status = 200, description = "it was running", body = Sandbox),
-        (status = 201, description = "resumed", body = Sandbox),
-        (status = 400, description = "a malformed body", body = Error),
-        (status = 404, description = "no such sandbox", body = Error),
-        (status = 409, description = "dead, or its guest did not come back", body = Error),
-    ),
+    responses(ConnectAnswers),
 )]
 pub async fn resume(
     st: State<AppState>,
