@@ -30,6 +30,8 @@ pub enum RepoCommand {
     },
     /// Upload snapshot ID (or the one an alias such as template:base names)
     /// to the object store: chunks first, the record last and only once.
+    /// Given an alias, the store's alias of that name points at it too, so
+    /// a node with the store configured creates sandboxes of it by name.
     Push { id: String },
     /// Fetch snapshot ID from the object store into this repository, every
     /// chunk and file checked against its SHA-256.
@@ -93,6 +95,21 @@ fn print_report(what: &str, report: &CheckReport) {
     }
 }
 
+/// The object store of `SIESTA_S3_*`, if one is configured, as the tier a
+/// node fetches missing templates and snapshots from.
+pub fn remote_tier_from_env() -> anyhow::Result<Option<siesta_sandbox::remote_tier::RemoteTier>> {
+    let Some(config) = S3Config::from_env()? else {
+        return Ok(None);
+    };
+    let remote = RemoteRepo::open(&config)?;
+    tracing::info!(
+        "templates and snapshots this node lacks are fetched from {}/{}",
+        config.endpoint,
+        config.bucket
+    );
+    Ok(Some(siesta_sandbox::remote_tier::RemoteTier::new(remote)))
+}
+
 /// How old an object no record reaches must be before `check --remote`
 /// counts it: a push uploads chunks before its record.
 const REMOTE_GRACE: Duration = Duration::from_secs(3600);
@@ -104,10 +121,16 @@ async fn remote(cmd: RepoCommand, repo: &Repository) -> anyhow::Result<ExitCode>
     let remote = RemoteRepo::open(&config)?;
     let id_of = |name: &str| -> anyhow::Result<String> { Ok(repo.resolve(name)?.id) };
     match cmd {
-        RepoCommand::Push { id } => {
-            let id = id_of(&id)?;
+        RepoCommand::Push { id: name } => {
+            let id = id_of(&name)?;
             remote.push(repo, &id).await?;
             println!("pushed {id} to {}/{}", config.endpoint, config.bucket);
+            // Pushed by its alias (`template:base`): other nodes find it by
+            // that name too.
+            if name != id {
+                remote.set_alias(&name, &id).await?;
+                println!("{name} -> {id}");
+            }
         }
         RepoCommand::Pull { id } => {
             let record = remote.pull(repo, &id).await?;

@@ -73,6 +73,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let volumes = siesta_volume::Volumes::open(&volumes_dir, args.volume_size_mib)
         .with_context(|| format!("opening the volumes in {}", volumes_dir.display()))?;
     let volumes = std::sync::Arc::new(volumes);
+    let remote = crate::repo::remote_tier_from_env()?;
     let node = Node::start(config).await?;
     // Loads the sandboxes a previous run left: paused ones stay resumable.
     let manager = match SandboxManager::open_with_volumes(node.clone(), Some(volumes.clone())) {
@@ -82,6 +83,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
             return Err(e).context("opening the node's sandboxes");
         }
     };
+    if let Some(remote) = remote {
+        manager.set_remote(remote);
+    }
     record_missing_manifest(&node, &args.warm_template);
     if let Err(e) = manager.warm(&args.warm_template) {
         tracing::warn!("not pre-spawning VMMs for {:?}: {e}", args.warm_template);

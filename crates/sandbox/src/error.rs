@@ -21,6 +21,11 @@ pub enum Error {
     #[error("invalid request: {0}")]
     Invalid(String),
 
+    /// The object store could not give what a create named (unreachable,
+    /// refused, or damaged: nothing was installed).
+    #[error("fetching {name:?} from the object store: {detail}")]
+    Remote { name: String, detail: String },
+
     /// A fault of siesta itself (a task that panicked), not of the request.
     #[error("internal error while {what}: {detail}")]
     Internal { what: String, detail: String },

@@ -24,6 +24,7 @@ pub mod paused;
 pub mod pool;
 pub mod preflight;
 mod recovery;
+pub mod remote_tier;
 pub mod resume;
 pub mod rootfs;
 pub mod sandbox;

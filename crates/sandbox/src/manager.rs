@@ -62,6 +62,12 @@ pub struct CreateRequest {
 
 pub(crate) type Entry = Arc<Mutex<Sandbox>>;
 
+/// Where a create resumes from.
+enum Source {
+    Template(Box<Template>),
+    Snapshot(siesta_snapshot::SnapshotRecord),
+}
+
 pub struct SandboxManager {
     pub(crate) node: Arc<Node>,
     pool: Arc<VmmPool>,
@@ -78,6 +84,9 @@ pub struct SandboxManager {
     pub(crate) keyed_creates: Mutex<()>,
     /// Run at every step of this manager's publications (tests only).
     publish_hook: std::sync::OnceLock<siesta_snapshot::repo::PublishHook>,
+    /// The shared object store, where templates and snapshots this node
+    /// lacks are fetched from (none configured: only local ones exist).
+    remote: std::sync::OnceLock<crate::remote_tier::RemoteTier>,
     /// Exclusive lock on the data directory (`siesta.lock`), held for the
     /// manager's life: two managers on one home would each "recover" the
     /// other's live sandboxes.
@@ -165,6 +174,7 @@ impl SandboxManager {
             reaper: Reaper::default(),
             keyed_creates: Mutex::new(()),
             publish_hook: std::sync::OnceLock::new(),
+            remote: std::sync::OnceLock::new(),
             _home_lock: lock,
             volumes,
         });
@@ -203,15 +213,9 @@ impl SandboxManager {
     pub async fn create(&self, req: CreateRequest) -> Result<SandboxInfo> {
         self.check_open()?;
         let timeout = deadline(req.timeout_secs)?;
-        let template = match Template::open(&self.node.config.layout(), &req.template) {
-            Ok(t) => t,
-            Err(Error::TemplateNotFound { name }) => {
-                return match self.find_snapshot(&req.template)? {
-                    Some(snap) => self.create_from_snapshot(&snap, req).await,
-                    None => Err(Error::TemplateNotFound { name }),
-                };
-            }
-            Err(e) => return Err(e),
+        let template = match self.source(&req.template).await? {
+            Source::Template(t) => *t,
+            Source::Snapshot(snap) => return self.create_from_snapshot(&snap, req).await,
         };
         crate::volumes::check_mounts(&req.volume_mounts)?;
         self.node.check_template(&template).await?;
@@ -219,6 +223,45 @@ impl SandboxManager {
         let params = self.resume_params(&record);
         let resumed = resume::from_template(&self.node, &self.pool, &template, &params).await?;
         self.adopt(record, resumed, timeout).await
+    }
+
+    /// What a create's `template` names: a local template, else a local
+    /// user snapshot, else (with an object store) either of them fetched
+    /// from the store (see `remote_tier.rs`).
+    async fn source(&self, name: &str) -> Result<Source> {
+        for fetched in [false, true] {
+            match Template::open(&self.node.config.layout(), name) {
+                Ok(t) => return Ok(Source::Template(Box::new(t))),
+                Err(Error::TemplateNotFound { .. }) => {}
+                Err(e) => return Err(e),
+            }
+            if let Some(snap) = self.find_snapshot(name)? {
+                return Ok(Source::Snapshot(snap));
+            }
+            let Some(remote) = self.remote.get().filter(|_| !fetched) else {
+                break;
+            };
+            if remote.fetch(&self.repo()?, name).await?.is_none() {
+                break;
+            }
+        }
+        Err(Error::TemplateNotFound {
+            name: name.to_string(),
+        })
+    }
+
+    /// Template `name`, fetched from the object store first when this node
+    /// lacks it and one is configured (a snapshot fetched from another node
+    /// needs its template too).
+    pub(crate) async fn open_template(&self, name: &str) -> Result<Template> {
+        let layout = self.node.config.layout();
+        match (Template::open(&layout, name), self.remote.get()) {
+            (Err(Error::TemplateNotFound { .. }), Some(remote)) => {
+                remote.fetch_template(&self.repo()?, name).await?;
+                Template::open(&layout, name)
+            }
+            (opened, _) => opened,
+        }
     }
 
     /// Records a freshly resumed sandbox and starts tracking it.
@@ -270,6 +313,13 @@ impl SandboxManager {
     #[doc(hidden)]
     pub fn set_publish_hook(&self, hook: siesta_snapshot::repo::PublishHook) {
         let _ = self.publish_hook.set(hook);
+    }
+
+    /// Gives the manager the node's object store: a create that names a
+    /// template or snapshot not here fetches it from there first. Only the
+    /// first call takes effect.
+    pub fn set_remote(&self, remote: crate::remote_tier::RemoteTier) {
+        let _ = self.remote.set(remote);
     }
 
     pub(crate) fn publish_hook(&self) -> Option<siesta_snapshot::repo::PublishHook> {

@@ -310,7 +310,11 @@ pub(crate) fn incoming_spec(
         run_dir,
         vcpus: rec.vcpus,
         memory_mib: rec.memory_mib.into(),
-        kernel: PathBuf::from(&rec.kernel),
+        // This node's guest kernel and initramfs, not the paths the record
+        // names: a template fetched from another node (or a home that moved)
+        // names files of that node. The bytes are the same (the template's
+        // `guest_assets` digest).
+        kernel: node.config.layout().kernel(),
         initrd: Some(node.config.layout().initrd()),
         cmdline: rec.kernel_cmdline.clone(),
         memory: MemoryBacking {

@@ -23,6 +23,18 @@ pub async fn create_overlay_on(base: &Path, format: DiskFormat, overlay: &Path) 
     qemu_img(cmd, &format!("qemu-img create {}", overlay.display())).await
 }
 
+/// Points qcow2 `overlay` at the raw image `base` as its backing file,
+/// without touching its data (`qemu-img rebase -u`): for an overlay whose
+/// backing image has the same content at another path (another node's
+/// copy of the template disk).
+pub async fn rebase_onto(overlay: &Path, base: &Path) -> Result<()> {
+    let mut cmd = Command::new("qemu-img");
+    cmd.args(["rebase", "-q", "-u", "-f", "qcow2", "-F", "raw", "-b"])
+        .arg(base)
+        .arg(overlay);
+    qemu_img(cmd, &format!("qemu-img rebase {}", overlay.display())).await
+}
+
 /// Writes the disk that `top` (an image in `format`, with its backing
 /// chain) presents as one sparse raw image at `raw`.
 pub async fn flatten(top: &Path, format: DiskFormat, raw: &Path) -> Result<()> {

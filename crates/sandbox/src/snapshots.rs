@@ -23,7 +23,7 @@ use crate::manager::{new_record, CreateRequest, SandboxManager};
 use crate::memory_save::{self, SaveMemory};
 use crate::paused::{memory_of, verified_files};
 use crate::resume::{self, SavedState};
-use crate::rootfs::copy_sparse;
+use crate::rootfs::{copy_sparse, rebase_onto};
 use crate::sandbox::{SandboxInfo, DISK_FILE};
 use crate::template::Template;
 use crate::volumes::VolumeMount;
@@ -82,6 +82,10 @@ struct Capture {
 /// token the saved guest holds.
 struct Origin<'a> {
     state: Option<&'a Path>,
+    /// The disk's backing file is to be set to this node's copy of the
+    /// template disk: a snapshot's disk names the template disk's path on
+    /// the node that took it, which may be another node.
+    rebase_disk: bool,
     memory: &'a Path,
     disk: &'a Path,
     guest_token: &'a str,
@@ -295,7 +299,7 @@ impl SandboxManager {
             egress: req.egress.or_else(|| meta.egress.clone()),
             ..req
         };
-        let template = Template::open(&self.node.config.layout(), &meta.template)?;
+        let template = self.open_template(&meta.template).await?;
         self.node.check_template(&template).await?;
         let memory = memory_of(&repo, snap, &template)?;
         let origin = Origin {
@@ -303,6 +307,7 @@ impl SandboxManager {
             memory: &memory,
             disk: &disk,
             guest_token: &meta.guest_token,
+            rebase_disk: true,
         };
         self.create_from_capture(&template, origin, req).await
     }
@@ -320,6 +325,9 @@ impl SandboxManager {
         std::fs::create_dir_all(&dir).ctx("creating sandbox directory", &dir)?;
         let result = async {
             copy_sparse(origin.disk, &dir.join(DISK_FILE)).await?;
+            if origin.rebase_disk {
+                rebase_onto(&dir.join(DISK_FILE), &template.disk_path()).await?;
+            }
             record.template = template.record.name.clone();
             let mut params = self.resume_params(&record);
             params.guest_token = Some(origin.guest_token.to_string());
@@ -381,6 +389,8 @@ impl SandboxManager {
             memory: &capture.memory,
             disk: &capture.disk,
             guest_token: &capture.guest_token,
+            // Taken here a moment ago: it names this node's template disk.
+            rebase_disk: false,
         };
         let children = futures::stream::iter(0..count)
             .map(|_| self.create_from_capture(&capture.template, origin(), req.clone()))

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 mod common;
-use common::{assets_dir, can_run_vms, netns_names, node_config};
+use common::{assets_dir, can_run_vms, netns_names, new_namespaces, node_config};
 
 use futures::FutureExt;
 use siesta_sandbox::template::{build_template, BuildOptions};
@@ -50,11 +50,7 @@ async fn a_stalled_publication_leaves_the_async_threads_free() {
     manager.shutdown().await;
     node.shutdown().await;
 
-    let leftover: Vec<_> = netns_names()
-        .difference(&netns_before)
-        .filter(|n| n.starts_with(&ours))
-        .cloned()
-        .collect();
+    let leftover = new_namespaces(&netns_before, &ours);
     assert!(leftover.is_empty(), "namespaces left behind: {leftover:?}");
     if let Err(panic) = outcome {
         std::panic::resume_unwind(panic);

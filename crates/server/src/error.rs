@@ -49,6 +49,8 @@ impl From<Error> for ApiError {
             Error::TemplateNotFound { .. } | Error::SandboxNotFound { .. } => StatusCode::NOT_FOUND,
             Error::WrongState { .. } | Error::KeyConflict { .. } => StatusCode::CONFLICT,
             Error::Invalid(_) => StatusCode::BAD_REQUEST,
+            // The shared store failed us, not the request.
+            Error::Remote { .. } => StatusCode::BAD_GATEWAY,
             // The SDK turns this code into GuestUnresponsiveException.
             Error::GuestNotReady { .. } => {
                 let mut err = Self::new(StatusCode::CONFLICT, e.to_string());

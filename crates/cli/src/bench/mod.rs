@@ -9,6 +9,7 @@ mod fork;
 mod pagecache;
 mod paired;
 mod pause;
+mod remote;
 mod resume;
 mod session;
 mod volume;

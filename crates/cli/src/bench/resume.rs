@@ -37,12 +37,25 @@ pub struct ResumeArgs {
     /// as many resumes one at a time: p50 and p99 against the single p50.
     #[arg(long)]
     concurrency: Option<usize>,
+    /// `s3`: create from the template fetched from the object store
+    /// (`SIESTA_S3_*`) by a node that lacks it, against creates once it is
+    /// local (see `bench/remote.rs`).
+    #[arg(long, value_enum)]
+    from: Option<ResumeSource>,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum ResumeSource {
+    S3,
 }
 
 pub async fn run(args: ResumeArgs) -> anyhow::Result<ExitCode> {
     if let Some(what) = args.compare {
         let against = args.against.as_deref();
         return super::compare::run(what, &args.template, against, args.blocks, args.json).await;
+    }
+    if let Some(ResumeSource::S3) = args.from {
+        return super::remote::run(&args.template, args.samples, args.json).await;
     }
     let config = super::session::bench_config("n")?;
     let layout = config.layout();

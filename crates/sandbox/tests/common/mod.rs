@@ -58,6 +58,17 @@ pub fn netns_names() -> HashSet<String> {
         .unwrap_or_default()
 }
 
+/// Namespaces named `prefix...` (one node's) that exist now but not in
+/// `before`: what a test left behind.
+#[allow(dead_code)] // not every test binary uses it
+pub fn new_namespaces(before: &HashSet<String>, prefix: &str) -> Vec<String> {
+    netns_names()
+        .difference(before)
+        .filter(|n| n.starts_with(prefix))
+        .cloned()
+        .collect()
+}
+
 /// Runs `cmd` in sandbox `id`, asserts it exited 0, returns its stdout.
 #[allow(dead_code)] // not every test binary uses it
 pub async fn exec_ok(m: &SandboxManager, id: &str, cmd: &str) -> String {

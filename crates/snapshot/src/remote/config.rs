@@ -1,9 +1,10 @@
 //! Where the object store is: an S3 endpoint, a bucket and credentials.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use object_store::aws::{AmazonS3Builder, S3ConditionalPut};
-use object_store::ObjectStore;
+use object_store::{ClientOptions, ObjectStore, RetryConfig};
 
 use super::RemoteError;
 
@@ -46,7 +47,9 @@ impl S3Config {
     /// The client. Conditional writes (`If-None-Match: *`, `If-Match`) are
     /// what publication relies on, so they are switched on explicitly.
     pub fn build(&self) -> Result<Arc<dyn ObjectStore>, RemoteError> {
+        // Client options first: setting them replaces `allow_http`.
         let store = AmazonS3Builder::new()
+            .with_client_options(ClientOptions::new().with_connect_timeout(CONNECT_TIMEOUT))
             .with_endpoint(&self.endpoint)
             .with_bucket_name(&self.bucket)
             .with_access_key_id(&self.access_key_id)
@@ -55,8 +58,22 @@ impl S3Config {
             .with_virtual_hosted_style_request(false)
             .with_allow_http(self.endpoint.starts_with("http://"))
             .with_conditional_put(S3ConditionalPut::ETagMatch)
+            .with_retry(retries())
             .build()
             .map_err(|e| RemoteError::Config(format!("object store {}: {e}", self.endpoint)))?;
         Ok(Arc::new(store))
+    }
+}
+
+/// A store that does not answer is reported within seconds, not after the
+/// client's default three minutes of retries: a create waiting on it
+/// would hang that long.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+fn retries() -> RetryConfig {
+    RetryConfig {
+        max_retries: 3,
+        retry_timeout: Duration::from_secs(20),
+        ..Default::default()
     }
 }

@@ -1,0 +1,136 @@
+//! The object-store tier of the repository (docs/cluster.md, §2): a
+//! template or a snapshot this node lacks is fetched from the shared S3
+//! repository the first time a create names it, then resumed as a local
+//! one (and stays local: the next create is an ordinary resume).
+//!
+//! This first version waits for the whole snapshot (memory, state, disk,
+//! startup manifest), every file checked against its SHA-256 before it is
+//! installed; resuming before the memory file is whole needs lazy paging
+//! (userfaultfd), a later step.
+
+use std::time::Instant;
+
+use siesta_snapshot::remote::{RemoteError, RemoteRepo};
+use siesta_snapshot::{RepoError, Repository, SnapshotRecord};
+use tokio::sync::Mutex;
+
+use crate::{Error, Result};
+
+/// The node's view of the shared object store.
+pub struct RemoteTier {
+    remote: RemoteRepo,
+    /// Fetches run one at a time: two creates of one missing template
+    /// fetch it once (the second finds it local).
+    fetching: Mutex<()>,
+}
+
+/// What a create's template name can be in the object store: the alias of
+/// a template, a snapshot's id, or the alias of a named snapshot.
+fn candidates(name: &str) -> [String; 3] {
+    [
+        crate::template::alias(name),
+        name.to_string(),
+        format!("snapshot:{name}"),
+    ]
+}
+
+impl RemoteTier {
+    pub fn new(remote: RemoteRepo) -> Self {
+        Self {
+            remote,
+            fetching: Mutex::new(()),
+        }
+    }
+
+    /// Fetches what a create's `name` names (a template, a snapshot id or
+    /// a named snapshot) into `repo`, with its local alias: the record
+    /// fetched, or `None` when the object store holds nothing of that
+    /// name. A damaged object or an unreachable store is an error and
+    /// installs nothing.
+    pub async fn fetch(&self, repo: &Repository, name: &str) -> Result<Option<SnapshotRecord>> {
+        self.fetch_first(repo, name, &candidates(name)).await
+    }
+
+    /// Fetches template `name` (the alias `template:NAME`).
+    pub async fn fetch_template(
+        &self,
+        repo: &Repository,
+        name: &str,
+    ) -> Result<Option<SnapshotRecord>> {
+        self.fetch_first(repo, name, &[crate::template::alias(name)])
+            .await
+    }
+
+    async fn fetch_first(
+        &self,
+        repo: &Repository,
+        name: &str,
+        candidates: &[String],
+    ) -> Result<Option<SnapshotRecord>> {
+        let _one_at_a_time = self.fetching.lock().await;
+        for candidate in candidates {
+            let is_alias = candidate.contains(':');
+            if is_alias && local_alias(repo, candidate).await?.is_some() {
+                // Fetched by a create that held the lock before this one.
+                return Ok(Some(blocking_resolve(repo, candidate).await?));
+            }
+            let id = if is_alias {
+                match self.remote.alias_target(candidate).await {
+                    Ok(id) => id,
+                    Err(RemoteError::NotFound(_)) => continue,
+                    Err(e) => return Err(remote_err(name, e)),
+                }
+            } else {
+                candidate.clone()
+            };
+            let started = Instant::now();
+            let record = match self.remote.pull(repo, &id).await {
+                Ok(r) => r,
+                // Not a snapshot id, or not one the store has.
+                Err(
+                    RemoteError::NotFound(_) | RemoteError::Repo(RepoError::InvalidName { .. }),
+                ) if !is_alias => continue,
+                Err(e) => return Err(remote_err(name, e)),
+            };
+            if is_alias {
+                set_local_alias(repo, candidate, &record.id).await?;
+            }
+            tracing::info!(
+                name,
+                snapshot = %record.id,
+                ms = started.elapsed().as_millis() as u64,
+                "fetched from the object store"
+            );
+            return Ok(Some(record));
+        }
+        Ok(None)
+    }
+}
+
+fn remote_err(name: &str, e: RemoteError) -> Error {
+    Error::Remote {
+        name: name.to_string(),
+        detail: e.to_string(),
+    }
+}
+
+async fn local_alias(repo: &Repository, alias: &str) -> Result<Option<String>> {
+    let alias = alias.to_string();
+    crate::blocking::repo(repo, "reading a local alias", move |r| {
+        r.alias_target(&alias)
+    })
+    .await
+}
+
+async fn blocking_resolve(repo: &Repository, alias: &str) -> Result<SnapshotRecord> {
+    let alias = alias.to_string();
+    crate::blocking::repo(repo, "resolving a local alias", move |r| r.resolve(&alias)).await
+}
+
+async fn set_local_alias(repo: &Repository, alias: &str, id: &str) -> Result<()> {
+    let (alias, id) = (alias.to_string(), id.to_string());
+    crate::blocking::repo(repo, "setting a local alias", move |r| {
+        r.set_alias(&alias, &id)
+    })
+    .await
+}

@@ -1,0 +1,199 @@
+//! A node creates sandboxes of templates and snapshots it does not have,
+//! fetched from the object store on first use (issue 13, item 2), against
+//! a real S3 server (SeaweedFS on 127.0.0.1) and real VMs:
+//!
+//! - node A builds template `base`, pushes it with its alias;
+//! - node B (another home: empty repository) creates from `base`: fetched,
+//!   resumed, commands run; its repository now holds A's snapshot under
+//!   the same alias, and the next create is local;
+//! - B snapshots a sandbox that wrote a file and pushes the snapshot under
+//!   its name; node C (another empty home) creates by that name: the
+//!   snapshot and the template it was taken over are fetched, its disk is
+//!   re-pointed at C's copy of the template disk, and the file is there;
+//! - a name in neither place is `TemplateNotFound`; an unreachable store
+//!   is a `Remote` error naming what was asked for, and installs nothing.
+//!
+//! Needs root, QEMU, the guest assets and `weed` (`make s3-venv`).
+
+use std::panic::AssertUnwindSafe;
+use std::path::Path;
+use std::sync::Arc;
+
+mod common;
+#[path = "../../snapshot/tests/weed/mod.rs"]
+mod weed;
+
+use common::{assets_dir, can_run_vms, exec_ok, netns_names, new_namespaces, node_config};
+use futures::FutureExt;
+use siesta_sandbox::remote_tier::RemoteTier;
+use siesta_sandbox::template::{build_template, BuildOptions};
+use siesta_sandbox::{CreateRequest, Error, Node, SandboxManager};
+use siesta_snapshot::remote::{RemoteRepo, S3Config};
+use siesta_snapshot::Repository;
+use weed::{weed_binary, Weed};
+
+fn home(prefix: &str) -> tempfile::TempDir {
+    let home = tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    std::os::unix::fs::symlink(assets_dir(), home.path().join("assets")).unwrap();
+    home
+}
+
+fn create(template: &str) -> CreateRequest {
+    CreateRequest {
+        template: template.into(),
+        ..Default::default()
+    }
+}
+
+/// Runs `scenario` with a node in `home` (network tag suffix `suffix`),
+/// then shuts it down and checks that it left no namespace behind.
+async fn with_node<F, Fut>(home: &Path, suffix: char, scenario: F)
+where
+    F: FnOnce(Arc<Node>, Arc<SandboxManager>) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let config = node_config(home, suffix);
+    let ours = format!("siesta-{}-", config.net_tag);
+    let before = netns_names();
+    let node = Node::start(config).await.expect("node starts");
+    let manager = SandboxManager::ephemeral(node.clone()).expect("manager");
+    let outcome = AssertUnwindSafe(scenario(node.clone(), manager.clone()))
+        .catch_unwind()
+        .await;
+    manager.shutdown().await;
+    node.shutdown().await;
+    let leftover = new_namespaces(&before, &ours);
+    assert!(leftover.is_empty(), "namespaces left behind: {leftover:?}");
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_creates_from_what_only_the_object_store_has() {
+    if !can_run_vms() {
+        return;
+    }
+    let Some(bin) = weed_binary() else { return };
+    let weed = Weed::start(&bin);
+    let remote = RemoteRepo::open(&weed.config()).expect("client");
+
+    let a = home("siesta-remote-a");
+    with_node(a.path(), 'a', |node, _| async move {
+        let opts = BuildOptions {
+            name: "base".into(),
+            image: "base".into(),
+            force: false,
+        };
+        build_template(&node, &opts).await.expect("template builds");
+    })
+    .await;
+    let repo_a = Repository::open(a.path().join("repo")).unwrap();
+    let base_id = repo_a.resolve("template:base").unwrap().id;
+    remote.push(&repo_a, &base_id).await.expect("push");
+    remote
+        .set_alias("template:base", &base_id)
+        .await
+        .expect("alias");
+    drop(a);
+
+    let b = home("siesta-remote-b");
+    let repo_b = Repository::open(b.path().join("repo")).unwrap();
+    assert!(repo_b.resolve("template:base").is_err(), "B starts empty");
+    let config = weed.config();
+    let store = remote.clone();
+    with_node(b.path(), 'b', |node, m| async move {
+        m.set_remote(RemoteTier::new(store.clone()));
+        from_the_store(&m, &repo_b, &base_id).await;
+        snapshot_and_push(&m, &store, &repo_b).await;
+        unreachable_store(&node, &repo_b, &config).await;
+    })
+    .await;
+    no_sandbox_dirs(b.path());
+    drop(b);
+
+    let c = home("siesta-remote-c");
+    with_node(c.path(), 'c', |_, m| async move {
+        m.set_remote(RemoteTier::new(remote));
+        let child = m
+            .create(create("stored"))
+            .await
+            .expect("create fetches it")
+            .id;
+        let note = exec_ok(&m, &child, "cat /home/user/note").await;
+        assert_eq!(note.trim(), "kept-in-the-store");
+        m.kill(&child).await.unwrap();
+    })
+    .await;
+    no_sandbox_dirs(c.path());
+}
+
+fn no_sandbox_dirs(home: &Path) {
+    let dirs = std::fs::read_dir(home.join("sandboxes"))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    assert_eq!(dirs, 0, "sandbox directories left behind");
+}
+
+/// `base` fetched on the first create, local on the second.
+async fn from_the_store(m: &SandboxManager, repo_b: &Repository, base_id: &str) {
+    let err = m.create(create("nowhere")).await.unwrap_err();
+    assert!(
+        matches!(err, Error::TemplateNotFound { .. }),
+        "a name in neither place: {err}"
+    );
+    let sb = m
+        .create(create("base"))
+        .await
+        .expect("create fetches base")
+        .id;
+    assert_eq!(
+        exec_ok(m, &sb, "echo fetched-$((6*7))").await.trim(),
+        "fetched-42"
+    );
+    assert_eq!(repo_b.resolve("template:base").unwrap().id, base_id);
+    m.kill(&sb).await.unwrap();
+    let again = m.create(create("base")).await.expect("local create").id;
+    m.kill(&again).await.unwrap();
+}
+
+/// A named user snapshot of a sandbox that wrote a file, pushed.
+async fn snapshot_and_push(m: &SandboxManager, remote: &RemoteRepo, repo_b: &Repository) {
+    let sb = m.create(create("base")).await.unwrap().id;
+    exec_ok(m, &sb, "echo kept-in-the-store > /home/user/note && sync").await;
+    let snap = m
+        .snapshot_with(&sb, Some("stored".into()), true)
+        .await
+        .expect("snapshot");
+    m.kill(&sb).await.unwrap();
+    remote.push(repo_b, &snap.id).await.expect("push snapshot");
+    remote
+        .set_alias("snapshot:stored", &snap.id)
+        .await
+        .expect("alias");
+}
+
+/// A store that does not answer: a `Remote` error naming the template,
+/// nothing installed.
+async fn unreachable_store(node: &Arc<Node>, repo_b: &Repository, config: &S3Config) {
+    let mut dead = config.clone();
+    // A port that was free a moment ago: nothing listens there.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap()
+        .port();
+    dead.endpoint = format!("http://127.0.0.1:{port}");
+    let m = SandboxManager::ephemeral(node.clone()).expect("manager");
+    m.set_remote(RemoteTier::new(RemoteRepo::open(&dead).unwrap()));
+    let before = repo_b.list().unwrap().len();
+    let err = m.create(create("elsewhere")).await.unwrap_err();
+    m.shutdown().await;
+    assert!(
+        matches!(&err, Error::Remote { name, .. } if name == "elsewhere"),
+        "unreachable store: {err}"
+    );
+    assert_eq!(repo_b.list().unwrap().len(), before, "nothing installed");
+}
