@@ -12,6 +12,14 @@ import subprocess
 from server import BINARY, netns_of, pids_using
 
 
+def _cmdline(pid: int) -> str:
+    """What a leftover process runs, for the failure message."""
+    try:
+        return open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError as e:
+        return f"(gone: {e})"
+
+
 def test_nothing_is_left(node):
     r = node.api("GET", "/v2/sandboxes?state=running,paused,dead&limit=1000")
     assert r.status_code == 200, r.text
@@ -20,7 +28,8 @@ def test_nothing_is_left(node):
     for snap in node.api("GET", "/snapshots").json():
         assert node.api("DELETE", f"/templates/{snap['snapshotID']}").status_code in (204, 404)
     node.stop()
-    assert pids_using(node.home) == [], "VMMs left running"
+    left_running = {pid: _cmdline(pid) for pid in pids_using(node.home)}
+    assert left_running == {}, f"processes naming the home left running: {left_running}"
     assert netns_of(node.tag) == [], "network namespaces left"
     left = sorted(p.name for p in (node.home / "sandboxes").iterdir())
     assert left == [], f"sandbox directories left: {left}"
