@@ -302,6 +302,35 @@ def test_server_killed_while_its_build_vm_runs(node):
     assert node.api("GET", f"/templates/{name}").status_code == 404
 
 
+def test_server_killed_while_it_records_a_manifest(node):
+    """The server dies while the VM that records a new template's startup
+    manifest runs (`run/manifest-*`, after the build published the
+    template): the next server kills that VM and removes its directory.
+    Before recovery knew these directories, such a VM ran on forever."""
+    import uuid
+
+    from e2b import Template
+    from server import pids_using
+
+    name = f"fault-manifest-{uuid.uuid4().hex[:8]}"
+    run = node.home / "run"
+    template = Template().from_template("base").run_cmd("true", user="root")
+    t, _box = _in_background(lambda: Template.build(template, name))
+    deadline = time.monotonic() + 300
+    while not pids_using(run) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert pids_using(run), "the recording VM was never seen"
+    node.kill9()
+    t.join(timeout=60)
+    node.start()
+    try:
+        assert pids_using(run) == [], "the recording VM outlived its server"
+        left = sorted(p.name for p in run.glob("manifest-*")) if run.exists() else []
+        assert left == [], f"recording directories left: {left}"
+    finally:
+        node.api("DELETE", f"/templates/{name}")
+
+
 def test_damaged_template_memory_is_refused_and_nothing_lost(node):
     """A byte of the template's memory blob changed: creates and resumes
     from it are refused naming the blob, a paused sandbox stays paused, and

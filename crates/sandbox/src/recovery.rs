@@ -69,6 +69,7 @@ pub(crate) fn lock_home(home: &Path) -> Result<std::fs::File> {
 pub(crate) fn recover(store: &Store, layout: &Layout) -> Result<Vec<SandboxRecord>> {
     kill_leftover_vmms(&layout.sandboxes());
     remove_abandoned_builds(&layout.templates());
+    remove_abandoned_recordings(&layout.home().join("run"));
     let repo = Repository::open(layout.repo())?;
     let mut records = store.all()?;
     for rec in &mut records {
@@ -163,6 +164,21 @@ fn settle(rec: &mut SandboxRecord, dir: &Path, repo: &Repository) -> Result<bool
 fn remove_abandoned_builds(templates: &Path) {
     for work in crate::template::work_dir::abandoned(templates) {
         tracing::warn!(dir = %work.display(), "removing a template build a previous process left");
+        kill_leftover_vmms(&work);
+        if let Err(e) = std::fs::remove_dir_all(&work) {
+            tracing::warn!(dir = %work.display(), "removing leftover: {e}");
+        }
+    }
+}
+
+/// Kills the VMs of startup-manifest recordings whose process is gone (a
+/// server killed while it recorded one) and removes their directories; a
+/// recording still running (a `siesta template build` beside the server)
+/// is left alone.
+fn remove_abandoned_recordings(run: &Path) {
+    let prefix = crate::template::manifest::RECORDING_PREFIX;
+    for work in crate::template::work_dir::abandoned_with_prefix(run, prefix) {
+        tracing::warn!(dir = %work.display(), "removing a manifest recording a previous process left");
         kill_leftover_vmms(&work);
         if let Err(e) = std::fs::remove_dir_all(&work) {
             tracing::warn!(dir = %work.display(), "removing leftover: {e}");

@@ -21,6 +21,9 @@ use crate::node::Node;
 use crate::pool::incoming_spec;
 use crate::rootfs::create_overlay;
 
+/// Recordings run in `$SIESTA_HOME/run/<RECORDING_PREFIX><hex>/`.
+pub(crate) const RECORDING_PREFIX: &str = "manifest-";
+
 /// How often the pagemap is sampled while the guest starts. Each sample
 /// reads 8 bytes per guest page (1 MiB for 512 MiB) in about a millisecond.
 const SAMPLE_EVERY: Duration = Duration::from_millis(5);
@@ -46,9 +49,12 @@ pub async fn record_startup_manifest(node: &Node, template: &Template) -> Result
             template.record.name
         ))
     })?;
-    let id = format!("manifest-{:08x}", rand::random::<u32>());
+    let id = format!("{RECORDING_PREFIX}{:08x}", rand::random::<u32>());
     let work = node.config.layout().home().join("run").join(&id);
     std::fs::create_dir_all(work.join("run")).ctx("creating recording directory", &work)?;
+    // Its VM outlives a server killed mid-recording: the next server's
+    // recovery kills it once this process is gone.
+    super::work_dir::claim(&work)?;
     let result = async {
         let overlay = work.join("disk.qcow2");
         create_overlay(&template.disk_path(), &overlay).await?;

@@ -8,7 +8,7 @@ pub mod dockerfile;
 mod from_image;
 pub mod integrity;
 mod layered;
-mod manifest;
+pub(crate) mod manifest;
 mod publish;
 pub mod record;
 mod step_cache;

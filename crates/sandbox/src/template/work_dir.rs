@@ -3,6 +3,7 @@
 //! time). A server starting after a crash removes the directories (and
 //! kills the build VMs) of owners that are gone, and leaves alone those of
 //! a build still running, such as a `siesta template build` beside it.
+//! Startup-manifest recordings (`run/manifest-*/`) are owned the same way.
 
 use std::path::{Path, PathBuf};
 
@@ -17,16 +18,31 @@ pub(crate) fn create(templates: &Path, name: &str) -> Result<PathBuf> {
     let work = templates.join(format!(".{name}{SUFFIX}"));
     let _ = std::fs::remove_dir_all(&work);
     std::fs::create_dir_all(&work).ctx("creating template build directory", &work)?;
-    let owner = work.join(OWNER_FILE);
-    let me = process_identity(std::process::id()).unwrap_or_default();
-    std::fs::write(&owner, me).ctx("recording the build's owner", &owner)?;
+    claim(&work)?;
     Ok(work)
+}
+
+/// Records this process as the owner of scratch directory `dir`.
+pub(crate) fn claim(dir: &Path) -> Result<()> {
+    let owner = dir.join(OWNER_FILE);
+    let me = process_identity(std::process::id()).unwrap_or_default();
+    std::fs::write(&owner, me).ctx("recording a scratch directory's owner", &owner)
 }
 
 /// Build directories under `templates` whose owner no longer runs (or
 /// that name none: a crash before it was written).
 pub(crate) fn abandoned(templates: &Path) -> Vec<PathBuf> {
-    let Ok(dir) = std::fs::read_dir(templates) else {
+    abandoned_where(templates, |n| n.starts_with('.') && n.ends_with(SUFFIX))
+}
+
+/// Directories under `parent` whose name starts with `prefix` and whose
+/// owner no longer runs (or that name none).
+pub(crate) fn abandoned_with_prefix(parent: &Path, prefix: &str) -> Vec<PathBuf> {
+    abandoned_where(parent, |n| n.starts_with(prefix))
+}
+
+fn abandoned_where(parent: &Path, name_matches: impl Fn(&str) -> bool) -> Vec<PathBuf> {
+    let Ok(dir) = std::fs::read_dir(parent) else {
         return Vec::new();
     };
     dir.flatten()
@@ -34,7 +50,7 @@ pub(crate) fn abandoned(templates: &Path) -> Vec<PathBuf> {
         .filter(|p| {
             p.file_name()
                 .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with('.') && n.ends_with(SUFFIX))
+                .is_some_and(&name_matches)
         })
         .filter(|p| !owner_runs(p))
         .collect()
@@ -84,5 +100,18 @@ mod tests {
         let mut found = abandoned(dir.path());
         found.sort();
         assert_eq!(found, [gone, unowned]);
+    }
+
+    #[test]
+    fn only_recordings_of_gone_owners_are_abandoned() {
+        let dir = tempfile::tempdir().unwrap();
+        let mine = dir.path().join("manifest-live");
+        std::fs::create_dir(&mine).unwrap();
+        claim(&mine).unwrap();
+        let gone = dir.path().join("manifest-gone");
+        std::fs::create_dir(&gone).unwrap();
+        std::fs::write(gone.join(OWNER_FILE), "1 0").unwrap();
+        std::fs::create_dir(dir.path().join("other-gone")).unwrap();
+        assert_eq!(abandoned_with_prefix(dir.path(), "manifest-"), [gone]);
     }
 }
