@@ -86,7 +86,7 @@ pub struct SandboxManager {
     publish_hook: std::sync::OnceLock<siesta_snapshot::repo::PublishHook>,
     /// The shared object store, where templates and snapshots this node
     /// lacks are fetched from (none configured: only local ones exist).
-    remote: std::sync::OnceLock<crate::remote_tier::RemoteTier>,
+    remote: std::sync::OnceLock<Arc<crate::remote_tier::RemoteTier>>,
     /// Exclusive lock on the data directory (`siesta.lock`), held for the
     /// manager's life: two managers on one home would each "recover" the
     /// other's live sandboxes.
@@ -250,6 +250,10 @@ impl SandboxManager {
         })
     }
 
+    pub(crate) fn remote(&self) -> Option<&Arc<crate::remote_tier::RemoteTier>> {
+        self.remote.get()
+    }
+
     /// Template `name`, fetched from the object store first when this node
     /// lacks it and one is configured (a snapshot fetched from another node
     /// needs its template too).
@@ -319,7 +323,7 @@ impl SandboxManager {
     /// template or snapshot not here fetches it from there first. Only the
     /// first call takes effect.
     pub fn set_remote(&self, remote: crate::remote_tier::RemoteTier) {
-        let _ = self.remote.set(remote);
+        let _ = self.remote.set(Arc::new(remote));
     }
 
     pub(crate) fn publish_hook(&self) -> Option<siesta_snapshot::repo::PublishHook> {

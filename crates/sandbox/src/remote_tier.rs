@@ -61,6 +61,11 @@ impl RemoteTier {
             .await
     }
 
+    /// Fetches snapshot `id` (a user snapshot's template, say).
+    pub async fn fetch_id(&self, repo: &Repository, id: &str) -> Result<Option<SnapshotRecord>> {
+        self.fetch_first(repo, id, &[id.to_string()]).await
+    }
+
     async fn fetch_first(
         &self,
         repo: &Repository,
@@ -104,6 +109,49 @@ impl RemoteTier {
             return Ok(Some(record));
         }
         Ok(None)
+    }
+}
+
+impl RemoteTier {
+    /// Puts user snapshot `id` of `repo` in the store, with the template
+    /// snapshot it was taken over (`parent`) if the store lacks it, and its
+    /// `aliases` where the store has none of those names yet (another
+    /// node's snapshot of the same name keeps it). Other nodes can then
+    /// create from it.
+    pub async fn share(
+        &self,
+        repo: &Repository,
+        id: &str,
+        parent: Option<&str>,
+        aliases: &[String],
+    ) -> Result<()> {
+        let err = |e| remote_err(id, e);
+        if let Some(parent) = parent {
+            if !self.remote.contains(parent).await.map_err(err)? {
+                self.remote.push(repo, parent).await.map_err(err)?;
+            }
+        }
+        self.remote.push(repo, id).await.map_err(err)?;
+        for alias in aliases {
+            if !self.remote.alias_if_absent(alias, id).await.map_err(err)? {
+                tracing::warn!(
+                    snapshot = id,
+                    alias,
+                    "the object store's alias names another node's snapshot; left as it is"
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Deletes snapshot `id` from the store (a tombstone first: a push of
+    /// it still running gives up).
+    pub async fn unshare(&self, id: &str) -> Result<()> {
+        self.remote
+            .delete(id)
+            .await
+            .map(|_| ())
+            .map_err(|e| remote_err(id, e))
     }
 }
 

@@ -225,7 +225,41 @@ impl SandboxManager {
         })
         .await
         .map_err(|e| Error::Invalid(format!("publishing the snapshot of {id}: {e}")))??;
+        let aliases = names.iter().map(|n| alias_of(n)).collect();
+        self.share_in_background(&record, aliases);
         Ok(info(&record, meta))
+    }
+
+    /// With an object store: puts the new snapshot `record` there, behind
+    /// the caller's back, so other nodes can create from it (a failure is
+    /// logged: the snapshot is whole here either way).
+    fn share_in_background(&self, record: &SnapshotRecord, aliases: Vec<String>) {
+        let (Some(remote), Ok(repo)) = (self.remote().cloned(), self.repo()) else {
+            return;
+        };
+        let (id, parent) = (record.id.clone(), record.parent.clone());
+        tokio::spawn(async move {
+            match remote.share(&repo, &id, parent.as_deref(), &aliases).await {
+                Ok(()) => tracing::info!(snapshot = %id, "shared through the object store"),
+                Err(e) => {
+                    tracing::warn!(snapshot = %id, "not shared: {e}; `siesta repo push {id}` retries")
+                }
+            }
+        });
+    }
+
+    /// Deletes snapshot `id` from the object store too, when there is one
+    /// (a failure is logged: it is gone from this node already).
+    pub async fn unshare_snapshot(&self, id: &str) {
+        let Some(remote) = self.remote() else {
+            return;
+        };
+        if let Err(e) = remote.unshare(id).await {
+            tracing::warn!(
+                snapshot = id,
+                "the object store keeps its copy: {e}; `siesta repo remote-delete {id}` removes it"
+            );
+        }
     }
 
     /// User snapshots, optionally only those taken of `source` (every
@@ -250,13 +284,15 @@ impl SandboxManager {
         Ok(out)
     }
 
-    /// Deletes user snapshot `id` (or one named so); `Ok(false)` if none.
-    pub fn delete_snapshot(&self, id: &str) -> Result<bool> {
+    /// Deletes user snapshot `id` (or one named so) here: the id deleted,
+    /// `None` if there was none ([`SandboxManager::unshare_snapshot`]
+    /// deletes it from the object store).
+    pub fn delete_snapshot(&self, id: &str) -> Result<Option<String>> {
         let Some(record) = self.find_snapshot(id)? else {
-            return Ok(false);
+            return Ok(None);
         };
         self.repo()?.delete(&record.id)?;
-        Ok(true)
+        Ok(Some(record.id))
     }
 
     /// The user snapshot with id or name `key`, if there is one.
@@ -271,6 +307,30 @@ impl SandboxManager {
             }
         }
         Ok(None)
+    }
+
+    /// The template user snapshot `snap` was taken over: its parent, by
+    /// id (a template rebuilt since under the same name, or another node's
+    /// template of that name, is not what its disk was written over),
+    /// fetched from the object store when this node lacks it; by `name`
+    /// for a record without a parent, or whose parent is nowhere.
+    async fn template_of(&self, snap: &SnapshotRecord, name: &str) -> Result<Template> {
+        let Some(parent) = snap.parent.as_deref() else {
+            return self.open_template(name).await;
+        };
+        let repo = self.repo()?;
+        if let Some(t) = Template::open_snapshot(&repo, parent)? {
+            return Ok(t);
+        }
+        if let Some(remote) = self.remote() {
+            remote.fetch_id(&repo, parent).await?;
+            if let Some(t) = Template::open_snapshot(&repo, parent)? {
+                return Ok(t);
+            }
+        }
+        // The parent is gone (a template deleted since): as before parents
+        // were looked up by id, the template of that name.
+        self.open_template(name).await
     }
 
     /// A new sandbox from user snapshot `snap`.
@@ -299,7 +359,7 @@ impl SandboxManager {
             egress: req.egress.or_else(|| meta.egress.clone()),
             ..req
         };
-        let template = self.open_template(&meta.template).await?;
+        let template = self.template_of(snap, &meta.template).await?;
         self.node.check_template(&template).await?;
         let memory = memory_of(&repo, snap, &template)?;
         let origin = Origin {

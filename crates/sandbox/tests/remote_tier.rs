@@ -6,10 +6,11 @@
 //! - node B (another home: empty repository) creates from `base`: fetched,
 //!   resumed, commands run; its repository now holds A's snapshot under
 //!   the same alias, and the next create is local;
-//! - B snapshots a sandbox that wrote a file and pushes the snapshot under
-//!   its name; node C (another empty home) creates by that name: the
-//!   snapshot and the template it was taken over are fetched, its disk is
-//!   re-pointed at C's copy of the template disk, and the file is there;
+//! - B snapshots a sandbox that wrote a file under a name: B shares it
+//!   through the store by itself; node C (another empty home) creates by
+//!   that name: the snapshot and the template it was taken over (by id)
+//!   are fetched, its disk is re-pointed at C's copy of the template disk,
+//!   and the file is there; C deletes it, and it is gone from the store;
 //! - a name in neither place is `TemplateNotFound`; an unreachable store
 //!   is a `Remote` error naming what was asked for, and installs nothing.
 //!
@@ -108,7 +109,7 @@ async fn a_node_creates_from_what_only_the_object_store_has() {
     with_node(b.path(), 'b', |node, m| async move {
         m.set_remote(RemoteTier::new(store.clone()));
         from_the_store(&m, &repo_b, &base_id).await;
-        snapshot_and_push(&m, &store, &repo_b).await;
+        snapshot_shared(&m, &store).await;
         unreachable_store(&node, &repo_b, &config).await;
     })
     .await;
@@ -117,7 +118,7 @@ async fn a_node_creates_from_what_only_the_object_store_has() {
 
     let c = home("siesta-remote-c");
     with_node(c.path(), 'c', |_, m| async move {
-        m.set_remote(RemoteTier::new(remote));
+        m.set_remote(RemoteTier::new(remote.clone()));
         let child = m
             .create(create("stored"))
             .await
@@ -126,6 +127,13 @@ async fn a_node_creates_from_what_only_the_object_store_has() {
         let note = exec_ok(&m, &child, "cat /home/user/note").await;
         assert_eq!(note.trim(), "kept-in-the-store");
         m.kill(&child).await.unwrap();
+        let id = m.delete_snapshot("stored").unwrap().expect("C has it now");
+        m.unshare_snapshot(&id).await;
+        assert!(
+            !remote.contains(&id).await.unwrap(),
+            "deleted from the store"
+        );
+        assert!(remote.alias_target("snapshot:stored").await.is_err());
     })
     .await;
     no_sandbox_dirs(c.path());
@@ -160,8 +168,9 @@ async fn from_the_store(m: &SandboxManager, repo_b: &Repository, base_id: &str) 
     m.kill(&again).await.unwrap();
 }
 
-/// A named user snapshot of a sandbox that wrote a file, pushed.
-async fn snapshot_and_push(m: &SandboxManager, remote: &RemoteRepo, repo_b: &Repository) {
+/// A named user snapshot of a sandbox that wrote a file: the manager puts
+/// it in the store by itself (in the background: waited for, at most 5 min).
+async fn snapshot_shared(m: &SandboxManager, remote: &RemoteRepo) {
     let sb = m.create(create("base")).await.unwrap().id;
     exec_ok(m, &sb, "echo kept-in-the-store > /home/user/note && sync").await;
     let snap = m
@@ -169,11 +178,15 @@ async fn snapshot_and_push(m: &SandboxManager, remote: &RemoteRepo, repo_b: &Rep
         .await
         .expect("snapshot");
     m.kill(&sb).await.unwrap();
-    remote.push(repo_b, &snap.id).await.expect("push snapshot");
-    remote
-        .set_alias("snapshot:stored", &snap.id)
-        .await
-        .expect("alias");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(300);
+    while remote.alias_target("snapshot:stored").await.ok().as_deref() != Some(&snap.id) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "snapshot {} was not shared through the store",
+            snap.id
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
 }
 
 /// A store that does not answer: a `Remote` error naming the template,

@@ -82,6 +82,16 @@ impl Template {
         })
     }
 
+    /// The template that snapshot `id` of `repo` holds; `None` when the
+    /// repository has no snapshot of that id.
+    pub(crate) fn open_snapshot(repo: &Repository, id: &str) -> Result<Option<Self>> {
+        match repo.get(id) {
+            Ok(snap) => Self::from_snapshot(repo, snap).map(Some),
+            Err(RepoError::NotFound(_)) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     fn from_snapshot(repo: &Repository, snap: SnapshotRecord) -> Result<Self> {
         let dir = repo.snapshot_dir(&snap.id);
         let record: TemplateRecord =

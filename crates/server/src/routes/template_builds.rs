@@ -670,7 +670,8 @@ pub async fn get(
 }
 
 /// Delete a user snapshot of that id or name (E2B's snapshots are
-/// templates), else the template.
+/// templates; from the object store too, when one is configured), else
+/// the template.
 #[utoipa::path(
     delete, path = "/templates/{id}", tag = "templates",
     params(("id" = String, Path, description = "a snapshot's id or name, or a template's name")),
@@ -685,18 +686,23 @@ pub async fn delete(
 ) -> Result<StatusCode, ApiError> {
     let manager = st.manager.clone();
     let key = id.clone();
-    let deleted = tokio::task::spawn_blocking(move || -> Result<bool, Error> {
-        if manager.delete_snapshot(&key)? {
-            return Ok(true);
+    // `Some(snapshot id)` for a snapshot, `Some(None)` for a template.
+    let deleted = tokio::task::spawn_blocking(move || -> Result<Option<Option<String>>, Error> {
+        if let Some(snapshot) = manager.delete_snapshot(&key)? {
+            return Ok(Some(Some(snapshot)));
         }
-        match template_name(&key) {
-            Ok(name) => template::delete(&manager.node().config.layout(), &name),
-            Err(_) => Ok(false),
-        }
+        let template = match template_name(&key) {
+            Ok(name) => template::delete(&manager.node().config.layout(), &name)?,
+            Err(_) => false,
+        };
+        Ok(template.then_some(None))
     })
     .await
     .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))??;
-    if deleted {
+    if let Some(Some(snapshot)) = &deleted {
+        st.manager.unshare_snapshot(snapshot).await;
+    }
+    if deleted.is_some() {
         Ok(StatusCode::NO_CONTENT)
     } else {
         Err(ApiError::new(

@@ -259,6 +259,35 @@ impl RemoteRepo {
         }
     }
 
+    /// Points remote `alias` at `id` only if the alias does not exist yet:
+    /// `Ok(false)` when it names another snapshot (left as it is).
+    pub async fn alias_if_absent(&self, alias: &str, id: &str) -> Result<bool, RemoteError> {
+        self.remote_record(id).await?;
+        let key = alias_key(alias);
+        let create = PutOptions {
+            mode: PutMode::Create,
+            ..Default::default()
+        };
+        let body = PutPayload::from(id.as_bytes().to_vec());
+        match self.store.put_opts(&key, body, create).await {
+            Ok(_) => Ok(true),
+            Err(
+                object_store::Error::AlreadyExists { .. }
+                | object_store::Error::Precondition { .. },
+            ) => Ok(self.alias_target(alias).await? == id),
+            Err(e) => Err(store_err("creating", &key)(e)),
+        }
+    }
+
+    /// Whether the store holds a record of snapshot `id`.
+    pub async fn contains(&self, id: &str) -> Result<bool, RemoteError> {
+        match self.remote_record(id).await {
+            Ok(_) => Ok(true),
+            Err(RemoteError::NotFound(_)) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Deletes remote snapshot `id`: tombstone, the aliases naming it, the
     /// record. Its chunks go at the next `check --repair` (other records
     /// may share them). `Ok(false)` when there was no such record.
