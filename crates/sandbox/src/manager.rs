@@ -326,6 +326,14 @@ impl SandboxManager {
         let _ = self.remote.set(Arc::new(remote));
     }
 
+    /// Reports every committed row change (and first every row there is)
+    /// to `observer`: the cluster directory's way in. Only the first call
+    /// takes effect.
+    pub fn set_row_observer(&self, observer: Arc<dyn crate::store::RowObserver>) -> Result<()> {
+        self.store.set_observer(observer)?;
+        Ok(())
+    }
+
     pub(crate) fn publish_hook(&self) -> Option<siesta_snapshot::repo::PublishHook> {
         self.publish_hook.get().cloned()
     }

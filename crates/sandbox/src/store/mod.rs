@@ -20,7 +20,7 @@ pub use query::{ListQuery, SortOrder, DEFAULT_LIMIT, MAX_LIMIT};
 pub use schema::SCHEMA_VERSION;
 
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use rusqlite::Connection;
 
@@ -48,9 +48,17 @@ pub enum StoreError {
 
 pub type StoreResult<T> = std::result::Result<T, StoreError>;
 
+/// Told of every committed row change, in commit order (the cluster
+/// directory mirrors the rows into etcd, see `siesta-cluster`).
+pub trait RowObserver: Send + Sync {
+    /// Sandbox `id`'s row is now `row`; `None`: it was deleted.
+    fn changed(&self, id: &str, row: Option<&crate::sandbox::SandboxRecord>);
+}
+
 pub struct Store {
     path: PathBuf,
     conn: Mutex<Connection>,
+    observer: OnceLock<Arc<dyn RowObserver>>,
 }
 
 impl Store {
@@ -94,7 +102,24 @@ impl Store {
         Ok(Self {
             path,
             conn: Mutex::new(conn),
+            observer: OnceLock::new(),
         })
+    }
+
+    /// Reports every row change from now on to `observer`, starting with
+    /// the rows already there. Set once; a second observer is refused.
+    pub fn set_observer(&self, observer: Arc<dyn RowObserver>) -> StoreResult<bool> {
+        // Under the connection's lock: no write slips between the replay
+        // and the observer taking over.
+        let conn = self.lock();
+        if self.observer.set(observer.clone()).is_err() {
+            return Ok(false);
+        }
+        let rows = rows::all_in(&conn).map_err(self.err("reading sandbox rows"))?;
+        for row in &rows {
+            observer.changed(&row.id, Some(row));
+        }
+        Ok(true)
     }
 
     pub fn path(&self) -> &Path {

@@ -36,7 +36,12 @@ impl Store {
             )
             .map_err(self.err("writing sandbox metadata"))?;
         }
-        tx.commit().map_err(self.err("committing sandbox row"))
+        tx.commit().map_err(self.err("committing sandbox row"))?;
+        // Still under the lock: observers see changes in commit order.
+        if let Some(observer) = self.observer.get() {
+            observer.changed(&rec.id, Some(rec));
+        }
+        Ok(())
     }
 
     pub fn get(&self, id: &str) -> StoreResult<Option<SandboxRecord>> {
@@ -57,9 +62,7 @@ impl Store {
 
     /// Every sandbox, oldest first.
     pub fn all(&self) -> StoreResult<Vec<SandboxRecord>> {
-        let conn = self.lock();
-        let sql = format!("SELECT {COLUMNS} FROM sandboxes ORDER BY created_us, id");
-        read_all(&conn, &sql, []).map_err(self.err("reading sandbox rows"))
+        all_in(&self.lock()).map_err(self.err("reading sandbox rows"))
     }
 
     /// How many sandboxes are in `state`: every row, not a page.
@@ -77,10 +80,13 @@ impl Store {
 
     /// Deletes the row (its metadata goes with it); false if there was none.
     pub fn delete(&self, id: &str) -> StoreResult<bool> {
-        let n = self
-            .lock()
+        let conn = self.lock();
+        let n = conn
             .execute("DELETE FROM sandboxes WHERE id = ?1", [id])
             .map_err(self.err("deleting sandbox row"))?;
+        if let (true, Some(observer)) = (n > 0, self.observer.get()) {
+            observer.changed(id, None);
+        }
         Ok(n > 0)
     }
 
@@ -166,6 +172,12 @@ fn to_sql_err(e: serde_json::Error) -> rusqlite::Error {
 }
 
 /// Runs a `SELECT {COLUMNS} ...` and attaches each row's metadata.
+/// Every sandbox, oldest first.
+pub(super) fn all_in(conn: &Connection) -> rusqlite::Result<Vec<SandboxRecord>> {
+    let sql = format!("SELECT {COLUMNS} FROM sandboxes ORDER BY created_us, id");
+    read_all(conn, &sql, [])
+}
+
 pub(super) fn read_all(
     conn: &Connection,
     sql: &str,

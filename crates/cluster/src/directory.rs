@@ -1,0 +1,189 @@
+//! Which node holds which sandbox.
+//!
+//! Two keys per sandbox: `/siesta/owners/<id>` holds the owning node's id
+//! (plain, so transactions can compare it), `/siesta/sandboxes/<id>` its
+//! row as the owner last wrote it (JSON [`SandboxRecord`]). Only the owner
+//! writes the row, and only while the owner key still names it: every write
+//! is a transaction on that key, so a node that was taken over (its lease
+//! ran out while it was cut off) cannot overwrite the new owner's row.
+//!
+//! Rows reach etcd from the node's SQLite store through [`RowWriter`] (the
+//! store's [`RowObserver`]), in the order they were committed, by one
+//! background task: SQLite stays the node's own truth and a slow etcd
+//! never holds up a create or a pause.
+
+use siesta_sandbox::sandbox::SandboxRecord;
+use siesta_sandbox::store::RowObserver;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::error::{Error, Result};
+use crate::etcd::{Compare, Etcd, Op};
+
+const OWNERS: &str = "/siesta/owners/";
+const ROWS: &str = "/siesta/sandboxes/";
+
+pub(crate) fn owner_key(id: &str) -> String {
+    format!("{OWNERS}{id}")
+}
+
+pub(crate) fn row_key(id: &str) -> String {
+    format!("{ROWS}{id}")
+}
+
+/// A sandbox as the cluster knows it.
+#[derive(Debug, Clone)]
+pub struct Owned {
+    /// The id of the node that holds it.
+    pub node: String,
+    /// Its row as that node last wrote it (none yet right after a create).
+    pub row: Option<SandboxRecord>,
+}
+
+/// The owner and row of sandbox `id`, if any node holds it.
+pub(crate) async fn lookup(etcd: &Etcd, id: &str) -> Result<Option<Owned>> {
+    let Some(owner) = etcd.get(&owner_key(id)).await? else {
+        return Ok(None);
+    };
+    let row = match etcd.get(&row_key(id)).await? {
+        Some(kv) => Some(
+            serde_json::from_slice(&kv.value).map_err(|e| Error::BadRecord {
+                key: kv.key,
+                detail: e.to_string(),
+            })?,
+        ),
+        None => None,
+    };
+    Ok(Some(Owned {
+        node: String::from_utf8_lossy(&owner.value).into_owned(),
+        row,
+    }))
+}
+
+/// Makes `to` the owner of sandbox `id` if `from` still is; returns
+/// whether it did (another node may have been faster).
+pub(crate) async fn take_over(etcd: &Etcd, id: &str, from: &str, to: &str) -> Result<bool> {
+    let key = owner_key(id);
+    let put = Op::Put {
+        key: key.clone(),
+        value: to.as_bytes().to_vec(),
+        lease: None,
+    };
+    if etcd
+        .txn(
+            &[Compare::ValueIs(key.clone(), from.as_bytes().to_vec())],
+            &[put],
+        )
+        .await?
+    {
+        return Ok(true);
+    }
+    // A retried call whose first attempt was applied fails its comparison:
+    // ours is ours.
+    Ok(is_owner(etcd, id, to).await?)
+}
+
+async fn is_owner(etcd: &Etcd, id: &str, node: &str) -> Result<bool> {
+    Ok(etcd
+        .get(&owner_key(id))
+        .await?
+        .is_some_and(|kv| kv.value == node.as_bytes()))
+}
+
+enum Change {
+    Row(String, Option<Box<SandboxRecord>>),
+    Flush(oneshot::Sender<()>),
+}
+
+/// Sends the node's committed rows to etcd, in order (see the module docs).
+pub struct RowWriter {
+    tx: mpsc::UnboundedSender<Change>,
+}
+
+impl RowWriter {
+    /// Starts the writer task for node `me`.
+    pub(crate) fn start(etcd: Etcd, me: String) -> Self {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Some(change) = rx.recv().await {
+                match change {
+                    Change::Row(id, row) => write(&etcd, &me, &id, row.as_deref()).await,
+                    Change::Flush(done) => {
+                        let _ = done.send(());
+                    }
+                }
+            }
+        });
+        Self { tx }
+    }
+
+    /// Waits until every row sent so far has been written (or failed).
+    pub async fn flush(&self) {
+        let (done, wait) = oneshot::channel();
+        if self.tx.send(Change::Flush(done)).is_ok() {
+            let _ = wait.await;
+        }
+    }
+}
+
+impl RowObserver for RowWriter {
+    fn changed(&self, id: &str, row: Option<&SandboxRecord>) {
+        let change = Change::Row(id.to_string(), row.cloned().map(Box::new));
+        // The task only ends with the runtime; nothing to do if it did.
+        let _ = self.tx.send(change);
+    }
+}
+
+async fn write(etcd: &Etcd, me: &str, id: &str, row: Option<&SandboxRecord>) {
+    let result = match row {
+        Some(row) => put_row(etcd, me, id, row).await,
+        None => delete_row(etcd, me, id).await,
+    };
+    match result {
+        Ok(true) => {}
+        Ok(false) => tracing::warn!(
+            sandbox = id,
+            node = me,
+            "not writing its cluster row: another node owns it now"
+        ),
+        Err(e) => tracing::warn!(sandbox = id, "writing its cluster row: {e}"),
+    }
+}
+
+async fn put_row(etcd: &Etcd, me: &str, id: &str, row: &SandboxRecord) -> Result<bool> {
+    let value = serde_json::to_vec(row).map_err(|e| Error::BadRecord {
+        key: row_key(id),
+        detail: e.to_string(),
+    })?;
+    let put_row = Op::Put {
+        key: row_key(id),
+        value,
+        lease: None,
+    };
+    let mine = Compare::ValueIs(owner_key(id), me.as_bytes().to_vec());
+    if etcd.txn(&[mine], std::slice::from_ref(&put_row)).await? {
+        return Ok(true);
+    }
+    let claim = Op::Put {
+        key: owner_key(id),
+        value: me.as_bytes().to_vec(),
+        lease: None,
+    };
+    if etcd
+        .txn(&[Compare::Absent(owner_key(id))], &[claim, put_row])
+        .await?
+    {
+        return Ok(true);
+    }
+    // A retried claim whose first attempt was applied: the row is written.
+    is_owner(etcd, id, me).await
+}
+
+async fn delete_row(etcd: &Etcd, me: &str, id: &str) -> Result<bool> {
+    let mine = Compare::ValueIs(owner_key(id), me.as_bytes().to_vec());
+    let ops = [Op::Delete(owner_key(id)), Op::Delete(row_key(id))];
+    if etcd.txn(&[mine], &ops).await? {
+        return Ok(true);
+    }
+    // Nobody's (never written, or already gone) is fine too.
+    Ok(etcd.get(&owner_key(id)).await?.is_none())
+}

@@ -1,0 +1,152 @@
+//! siesta-cluster: the state several siesta nodes share, kept in etcd.
+//!
+//! - [`membership`]: each node registers `/siesta/nodes/<id>` (its API
+//!   address) under a lease it keeps alive; a dead node's key expires.
+//! - [`directory`]: which node owns which sandbox, and the owner's copy of
+//!   its row, written from the node's SQLite store in commit order.
+//!
+//! The server uses [`Cluster::locate`] to forward requests for a sandbox
+//! held by another node, and [`Cluster::take_over`] to claim a paused
+//! sandbox of a node whose lease expired. With no etcd configured a node
+//! has no [`Cluster`] and works alone. Design: `docs/cluster.md` §3.
+
+pub mod directory;
+mod error;
+pub mod etcd;
+pub mod membership;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use directory::{Owned, RowWriter};
+pub use error::{Error, Result};
+pub use etcd::Etcd;
+pub use membership::NodeInfo;
+
+/// How a node joins the cluster.
+#[derive(Debug, Clone)]
+pub struct ClusterConfig {
+    /// etcd client URLs, tried in order.
+    pub endpoints: Vec<String>,
+    /// This node's id, unique in the cluster.
+    pub node_id: String,
+    /// `host:port` at which the other nodes reach this node's API.
+    pub advertise: String,
+    /// How long the node's registration outlives its last renewal.
+    pub lease_ttl: Duration,
+}
+
+/// Default lease: a dead node's paused sandboxes can be taken over 10 s
+/// after its last renewal.
+pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(10);
+
+/// Where a sandbox is, seen from one node.
+#[derive(Debug, Clone)]
+pub enum Location {
+    /// No node holds it.
+    Unknown,
+    /// This node holds it.
+    Here,
+    /// A live node holds it.
+    Elsewhere(NodeInfo),
+    /// A node whose lease expired holds it: it may be taken over.
+    Orphaned(Owned),
+}
+
+/// This node's membership of the cluster.
+pub struct Cluster {
+    etcd: Etcd,
+    me: Arc<NodeInfo>,
+    rows: Arc<RowWriter>,
+    stop: tokio::sync::watch::Sender<bool>,
+    renewer: tokio::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl Cluster {
+    /// Registers this node (failing if etcd does not answer, or a live
+    /// node has its id) and keeps the registration alive until
+    /// [`Cluster::leave`].
+    pub async fn join(config: ClusterConfig) -> Result<Arc<Self>> {
+        if config.node_id.is_empty() || config.node_id.contains('/') {
+            return Err(Error::Config(format!(
+                "node id {:?} must be non-empty and contain no '/'",
+                config.node_id
+            )));
+        }
+        let etcd = Etcd::new(config.endpoints)?;
+        let me = Arc::new(NodeInfo {
+            id: config.node_id,
+            api: config.advertise,
+        });
+        let lease = membership::register(&etcd, &me, config.lease_ttl).await?;
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let renewer = tokio::spawn(membership::keep_registered(
+            etcd.clone(),
+            me.clone(),
+            lease,
+            config.lease_ttl,
+            stopped,
+        ));
+        let rows = Arc::new(RowWriter::start(etcd.clone(), me.id.clone()));
+        tracing::info!(node = me.id, api = me.api, "joined the cluster");
+        Ok(Arc::new(Self {
+            etcd,
+            me,
+            rows,
+            stop,
+            renewer: tokio::sync::Mutex::new(Some(renewer)),
+        }))
+    }
+
+    pub fn node(&self) -> &NodeInfo {
+        &self.me
+    }
+
+    /// What the node's store reports its row changes to.
+    pub fn row_writer(&self) -> Arc<RowWriter> {
+        self.rows.clone()
+    }
+
+    /// Where sandbox `id` is.
+    pub async fn locate(&self, id: &str) -> Result<Location> {
+        let Some(owned) = directory::lookup(&self.etcd, id).await? else {
+            return Ok(Location::Unknown);
+        };
+        if owned.node == self.me.id {
+            return Ok(Location::Here);
+        }
+        Ok(match membership::lookup(&self.etcd, &owned.node).await? {
+            Some(node) => Location::Elsewhere(node),
+            None => Location::Orphaned(owned),
+        })
+    }
+
+    /// Claims sandbox `id` from node `from` (whose lease expired); false if
+    /// another node claimed it first.
+    pub async fn take_over(&self, id: &str, from: &str) -> Result<bool> {
+        directory::take_over(&self.etcd, id, from, &self.me.id).await
+    }
+
+    /// Writes out what is pending and deregisters: other nodes see this
+    /// node gone at once.
+    pub async fn leave(&self) {
+        self.rows.flush().await;
+        let _ = self.stop.send(true);
+        if let Some(renewer) = self.renewer.lock().await.take() {
+            let _ = renewer.await;
+        }
+    }
+
+    /// The nodes registered now.
+    pub async fn nodes(&self) -> Result<Vec<NodeInfo>> {
+        let kvs = self.etcd.get_prefix(membership::NODES).await?;
+        kvs.into_iter()
+            .map(|kv| {
+                serde_json::from_slice(&kv.value).map_err(|e| Error::BadRecord {
+                    key: kv.key,
+                    detail: e.to_string(),
+                })
+            })
+            .collect()
+    }
+}

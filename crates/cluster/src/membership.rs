@@ -1,0 +1,94 @@
+//! Node registration: `/siesta/nodes/<id>` under a lease the node keeps
+//! alive. When the node dies (or is cut off) the lease runs out, etcd
+//! deletes the key, and other nodes may take over its paused sandboxes.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::etcd::{Compare, Etcd, Op};
+
+pub(crate) const NODES: &str = "/siesta/nodes/";
+
+/// What a node publishes about itself.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeInfo {
+    pub id: String,
+    /// `host:port` where other nodes reach its API and front door.
+    pub api: String,
+}
+
+pub(crate) fn node_key(id: &str) -> String {
+    format!("{NODES}{id}")
+}
+
+/// Registers `info` under a new lease of `ttl`; fails if a live node
+/// already holds the id (two nodes with one id would each take the
+/// other's sandboxes for their own).
+pub(crate) async fn register(etcd: &Etcd, info: &NodeInfo, ttl: Duration) -> Result<i64> {
+    let lease = etcd.grant(ttl.as_secs().max(2)).await?;
+    let value = serde_json::to_vec(info).map_err(|e| Error::Config(e.to_string()))?;
+    let key = node_key(&info.id);
+    let put = Op::Put {
+        key: key.clone(),
+        value,
+        lease: Some(lease),
+    };
+    if etcd.txn(&[Compare::Absent(key)], &[put]).await? {
+        Ok(lease)
+    } else {
+        let _ = etcd.revoke(lease).await;
+        Err(Error::NodeIdTaken {
+            id: info.id.clone(),
+        })
+    }
+}
+
+/// Renews `lease` every third of `ttl` until `stop` fires; then revokes
+/// it, so other nodes see this one gone at once rather than a TTL later.
+/// A lease that expired anyway (etcd unreachable for longer than `ttl`)
+/// is registered again under a new one.
+pub(crate) async fn keep_registered(
+    etcd: Etcd,
+    info: Arc<NodeInfo>,
+    mut lease: i64,
+    ttl: Duration,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let period = ttl / 3;
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(period) => {}
+            _ = stop.changed() => break,
+        }
+        match etcd.keep_alive(lease).await {
+            Ok(Some(_)) => {}
+            Ok(None) => {
+                tracing::warn!(node = info.id, "cluster lease expired: registering again");
+                match register(&etcd, &info, ttl).await {
+                    Ok(new) => lease = new,
+                    Err(e) => tracing::warn!(node = info.id, "registering again: {e}"),
+                }
+            }
+            Err(e) => tracing::warn!(node = info.id, "renewing the cluster lease: {e}"),
+        }
+    }
+    if let Err(e) = etcd.revoke(lease).await {
+        tracing::warn!(node = info.id, "revoking the cluster lease: {e}");
+    }
+}
+
+/// The node registered as `id`, if its lease is alive.
+pub(crate) async fn lookup(etcd: &Etcd, id: &str) -> Result<Option<NodeInfo>> {
+    let Some(kv) = etcd.get(&node_key(id)).await? else {
+        return Ok(None);
+    };
+    serde_json::from_slice(&kv.value)
+        .map(Some)
+        .map_err(|e| Error::BadRecord {
+            key: kv.key,
+            detail: e.to_string(),
+        })
+}
