@@ -79,7 +79,7 @@ pub(crate) async fn take_over(etcd: &Etcd, id: &str, from: &str, to: &str) -> Re
     }
     // A retried call whose first attempt was applied fails its comparison:
     // ours is ours.
-    Ok(is_owner(etcd, id, to).await?)
+    is_owner(etcd, id, to).await
 }
 
 async fn is_owner(etcd: &Etcd, id: &str, node: &str) -> Result<bool> {

@@ -50,7 +50,7 @@ pub enum Location {
     /// A live node holds it.
     Elsewhere(NodeInfo),
     /// A node whose lease expired holds it: it may be taken over.
-    Orphaned(Owned),
+    Orphaned(Box<Owned>),
 }
 
 /// This node's membership of the cluster.
@@ -117,7 +117,7 @@ impl Cluster {
         }
         Ok(match membership::lookup(&self.etcd, &owned.node).await? {
             Some(node) => Location::Elsewhere(node),
-            None => Location::Orphaned(owned),
+            None => Location::Orphaned(Box::new(owned)),
         })
     }
 
