@@ -87,8 +87,9 @@ schemathesis-venv:
 	test -x $(SCHEMATHESIS_VENV)/bin/python || python3 -m venv $(SCHEMATHESIS_VENV)
 	$(SCHEMATHESIS_VENV)/bin/pip install --quiet --disable-pip-version-check -r tests/schemathesis/requirements.txt
 
-e2b-test: build assets e2b-venv e2b-js schemathesis-venv
+e2b-test: build assets e2b-venv e2b-js schemathesis-venv s3-venv
 	SIESTA_BIN=$(abspath $(SIESTA)) SCHEMATHESIS_BIN=$(abspath $(SCHEMATHESIS_VENV))/bin/schemathesis \
+		SIESTA_WEED=$(abspath $(S3_VENV))/bin/weed \
 		$(E2B_VENV)/bin/python -m pytest tests/e2b -ra
 
 # E2B's own SDK test suite (../shared/conformance, SDK 2.45.1) against a

@@ -3,7 +3,8 @@
 # install-deps.sh): an OCI registry server and the tools that make and push
 # images without Docker, htpasswd for a registry that needs a password,
 # openssl for the egress tests' HTTPS listener, systemd-analyze (package
-# systemd) for make deploy-check's verify of deploy/siesta.service, and
+# systemd) for make deploy-check's verify of deploy/siesta.service, etcd
+# (package etcd-server) for the cluster tests' 3-member etcd, and
 # Node.js with npm for the JS SDK's test (only when no node is installed: the
 # machine's own, newer one is never replaced). Idempotent; run as root on Debian 12.
 #
@@ -22,6 +23,7 @@ declare -A NEED=(
   [node]=nodejs
   [npm]=npm
   [systemd-analyze]=systemd
+  [etcd]=etcd-server
 )
 missing=()
 for cmd in "${!NEED[@]}"; do
@@ -41,6 +43,13 @@ if [ ${#missing[@]} -gt 0 ]; then
     if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
       echo "siesta: disabling the docker-registry service the package started (tests run their own on 127.0.0.1)"
       systemctl disable --now docker-registry.service >/dev/null 2>&1 || true
+    fi ;;
+  esac
+  case " ${missing[*]} " in
+  *" etcd-server "*)
+    # Same for etcd: the tests start their own members on 127.0.0.1.
+    if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
+      systemctl disable --now etcd.service >/dev/null 2>&1 || true
     fi ;;
   esac
 fi

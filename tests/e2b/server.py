@@ -147,6 +147,8 @@ class SiestaServer:
         self.egress_dns_port = free_port()
         self.proc: subprocess.Popen | None = None
         self.url = f"http://127.0.0.1:{self.port}"
+        # More of the server's environment (a cluster test's etcd and S3).
+        self.extra_env: dict[str, str] = {}
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -157,6 +159,7 @@ class SiestaServer:
             SIESTA_EGRESS_DNS=f"127.0.0.1:{self.egress_dns_port}",
             RUST_LOG=os.environ.get("RUST_LOG", "info"),
         )
+        env.update(self.extra_env)
         return env
 
     def start(self, timeout: float = 180, listen_flag: bool = True) -> None:

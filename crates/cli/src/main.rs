@@ -11,6 +11,7 @@ mod doctor;
 mod files;
 mod repo;
 mod serve;
+mod serve_cluster;
 mod snapshot;
 mod stats;
 mod template;

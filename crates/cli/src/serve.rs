@@ -25,6 +25,8 @@ pub struct ServeArgs {
     /// Size limit of a volume created without one, in MiB (default 10240).
     #[arg(long, env = "SIESTA_VOLUME_SIZE_MIB")]
     volume_size_mib: Option<u64>,
+    #[command(flatten)]
+    cluster: crate::serve_cluster::ClusterArgs,
 }
 
 /// The server's settings once flags, environment and file are merged.
@@ -62,7 +64,11 @@ impl ServeArgs {
 pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let config = NodeConfig::from_env().map_err(anyhow::Error::msg)?;
     let file = ConfigFile::load(&config.home).map_err(anyhow::Error::msg)?;
-    let args = args.resolve(&file.server)?;
+    let (args, cluster_args) = {
+        let mut args = args;
+        let cluster = std::mem::take(&mut args.cluster);
+        (args.resolve(&file.server)?, cluster)
+    };
     if !preflight_passes(&config, &args.warm_template) {
         return Ok(ExitCode::FAILURE);
     }
@@ -86,6 +92,14 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     if let Some(remote) = remote {
         manager.set_remote(remote);
     }
+    let cluster = match crate::serve_cluster::join(&cluster_args, args.listen, &manager).await {
+        Ok(c) => c,
+        Err(e) => {
+            manager.shutdown().await;
+            node.shutdown().await;
+            return Err(e);
+        }
+    };
     record_missing_manifest(&node, &args.warm_template);
     if let Err(e) = manager.warm(&args.warm_template) {
         tracing::warn!("not pre-spawning VMMs for {:?}: {e}", args.warm_template);
@@ -103,6 +117,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
                 .unwrap_or_else(|| format!("localhost:{}", args.listen.port())),
         ),
         volumes,
+        cluster: cluster.clone(),
     };
     let mut server = tokio::spawn(siesta_server::serve(
         args.listen,
@@ -123,6 +138,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     // Pausing ends those streams; new creates and resumes are refused.
     tracing::info!("shutting down: pausing running sandboxes");
     manager.shutdown().await;
+    if let Some(cluster) = &cluster {
+        // The paused rows are written out, then the node deregisters.
+        cluster.leave().await;
+    }
     let served = match ended {
         Some(r) => r,
         None => {

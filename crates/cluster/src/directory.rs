@@ -1,8 +1,10 @@
 //! Which node holds which sandbox.
 //!
-//! Two keys per sandbox: `/siesta/owners/<id>` holds the owning node's id
+//! Keys per sandbox: `/siesta/owners/<id>` holds the owning node's id
 //! (plain, so transactions can compare it), `/siesta/sandboxes/<id>` its
-//! row as the owner last wrote it (JSON [`SandboxRecord`]). Only the owner
+//! row as the owner last wrote it (JSON [`SandboxRecord`]), and, while it
+//! is paused and its pause is in the object store, `/siesta/stored/<id>`
+//! the id of that snapshot (what a node taking it over fetches). Only the owner
 //! writes the row, and only while the owner key still names it: every write
 //! is a transaction on that key, so a node that was taken over (its lease
 //! ran out while it was cut off) cannot overwrite the new owner's row.
@@ -21,6 +23,7 @@ use crate::etcd::{Compare, Etcd, Op};
 
 const OWNERS: &str = "/siesta/owners/";
 const ROWS: &str = "/siesta/sandboxes/";
+const STORED: &str = "/siesta/stored/";
 
 pub(crate) fn owner_key(id: &str) -> String {
     format!("{OWNERS}{id}")
@@ -30,6 +33,10 @@ pub(crate) fn row_key(id: &str) -> String {
     format!("{ROWS}{id}")
 }
 
+pub(crate) fn stored_key(id: &str) -> String {
+    format!("{STORED}{id}")
+}
+
 /// A sandbox as the cluster knows it.
 #[derive(Debug, Clone)]
 pub struct Owned {
@@ -37,6 +44,8 @@ pub struct Owned {
     pub node: String,
     /// Its row as that node last wrote it (none yet right after a create).
     pub row: Option<SandboxRecord>,
+    /// The object store's snapshot of its pause, once shared there.
+    pub stored: Option<String>,
 }
 
 /// The owner and row of sandbox `id`, if any node holds it.
@@ -53,9 +62,14 @@ pub(crate) async fn lookup(etcd: &Etcd, id: &str) -> Result<Option<Owned>> {
         ),
         None => None,
     };
+    let stored = etcd
+        .get(&stored_key(id))
+        .await?
+        .map(|kv| String::from_utf8_lossy(&kv.value).into_owned());
     Ok(Some(Owned {
         node: String::from_utf8_lossy(&owner.value).into_owned(),
         row,
+        stored,
     }))
 }
 
@@ -91,6 +105,7 @@ async fn is_owner(etcd: &Etcd, id: &str, node: &str) -> Result<bool> {
 
 enum Change {
     Row(String, Option<Box<SandboxRecord>>),
+    Stored(String, Option<String>),
     Flush(oneshot::Sender<()>),
 }
 
@@ -107,6 +122,11 @@ impl RowWriter {
             while let Some(change) = rx.recv().await {
                 match change {
                     Change::Row(id, row) => write(&etcd, &me, &id, row.as_deref()).await,
+                    Change::Stored(id, snap) => {
+                        if let Err(e) = write_stored(&etcd, &me, &id, snap).await {
+                            tracing::warn!(sandbox = id, "recording its stored pause: {e}");
+                        }
+                    }
                     Change::Flush(done) => {
                         let _ = done.send(());
                     }
@@ -130,6 +150,12 @@ impl RowObserver for RowWriter {
         let change = Change::Row(id.to_string(), row.cloned().map(Box::new));
         // The task only ends with the runtime; nothing to do if it did.
         let _ = self.tx.send(change);
+    }
+
+    fn pause_stored(&self, id: &str, snapshot: Option<&str>) {
+        let _ = self
+            .tx
+            .send(Change::Stored(id.to_string(), snapshot.map(String::from)));
     }
 }
 
@@ -178,9 +204,27 @@ async fn put_row(etcd: &Etcd, me: &str, id: &str, row: &SandboxRecord) -> Result
     is_owner(etcd, id, me).await
 }
 
+/// Records (or clears) the stored pause of sandbox `id`, if `me` owns it.
+async fn write_stored(etcd: &Etcd, me: &str, id: &str, snapshot: Option<String>) -> Result<bool> {
+    let mine = Compare::ValueIs(owner_key(id), me.as_bytes().to_vec());
+    let op = match snapshot {
+        Some(snap) => Op::Put {
+            key: stored_key(id),
+            value: snap.into_bytes(),
+            lease: None,
+        },
+        None => Op::Delete(stored_key(id)),
+    };
+    etcd.txn(&[mine], &[op]).await
+}
+
 async fn delete_row(etcd: &Etcd, me: &str, id: &str) -> Result<bool> {
     let mine = Compare::ValueIs(owner_key(id), me.as_bytes().to_vec());
-    let ops = [Op::Delete(owner_key(id)), Op::Delete(row_key(id))];
+    let ops = [
+        Op::Delete(owner_key(id)),
+        Op::Delete(row_key(id)),
+        Op::Delete(stored_key(id)),
+    ];
     if etcd.txn(&[mine], &ops).await? {
         return Ok(true);
     }

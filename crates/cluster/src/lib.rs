@@ -14,6 +14,7 @@ pub mod directory;
 mod error;
 pub mod etcd;
 pub mod membership;
+pub mod reconcile;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -125,6 +126,12 @@ impl Cluster {
     /// another node claimed it first.
     pub async fn take_over(&self, id: &str, from: &str) -> Result<bool> {
         directory::take_over(&self.etcd, id, from, &self.me.id).await
+    }
+
+    /// Gives sandbox `id`, claimed by this node, back to node `to` (a
+    /// takeover that could not finish: another node may try again).
+    pub async fn give_back(&self, id: &str, to: &str) -> Result<bool> {
+        directory::take_over(&self.etcd, id, &self.me.id, to).await
     }
 
     /// Writes out what is pending and deregisters: other nodes see this

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use siesta_cluster::{Cluster, ClusterConfig, Error, Location};
 use siesta_sandbox::sandbox::{GuestDefaults, Lifecycle, SandboxRecord, SandboxState};
-use siesta_sandbox::store::Store;
+use siesta_sandbox::store::{RowObserver, Store};
 
 fn config(urls: &[String], id: &str, ttl_secs: u64) -> ClusterConfig {
     ClusterConfig {
@@ -102,6 +102,9 @@ async fn nodes_own_sandboxes_and_take_over_those_of_a_dead_node() {
     store_a
         .put(&row("sb-paused", SandboxState::Paused))
         .unwrap();
+    a.row_writer().pause_stored("sb-paused", Some("paused-1"));
+    a.row_writer().pause_stored("sb-run", Some("paused-0"));
+    a.row_writer().pause_stored("sb-run", None);
     store_a.put(&row("sb-gone", SandboxState::Running)).unwrap();
     assert!(store_a.delete("sb-gone").unwrap());
     tokio::task::block_in_place(|| rt_a.block_on(a.row_writer().flush()));
@@ -154,6 +157,11 @@ async fn nodes_own_sandboxes_and_take_over_those_of_a_dead_node() {
     assert_eq!(last.state, SandboxState::Paused);
     assert_eq!(last.access_token, "tok-sb-paused");
     assert_eq!(last.metadata["k"], "v");
+    assert_eq!(owned.stored.as_deref(), Some("paused-1"));
+    match b.locate("sb-run").await.unwrap() {
+        Location::Orphaned(run) => assert_eq!(run.stored, None, "cleared"),
+        other => panic!("sb-run should be orphaned, got {other:?}"),
+    }
 
     // Takeover is a compare-and-swap: the first claim wins, a second
     // node's claim (a is no longer the owner) does not; asking again is

@@ -26,6 +26,15 @@ pub enum Error {
     #[error("fetching {name:?} from the object store: {detail}")]
     Remote { name: String, detail: String },
 
+    /// Putting a snapshot into (or deleting it from) the object store
+    /// failed; the local copy is untouched.
+    #[error("{what} snapshot {id} in the object store: {detail}")]
+    RemoteWrite {
+        what: &'static str,
+        id: String,
+        detail: String,
+    },
+
     /// A fault of siesta itself (a task that panicked), not of the request.
     #[error("internal error while {what}: {detail}")]
     Internal { what: String, detail: String },

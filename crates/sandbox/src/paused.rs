@@ -280,6 +280,7 @@ impl SandboxManager {
             drop_link(&repo, &held, &linked)
         })
         .await?;
+        self.share_pause(&id, &snapshot);
         let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
         match &report {
             Some(r) => {
@@ -358,6 +359,7 @@ impl SandboxManager {
         if let Err(e) = deleted.await {
             tracing::warn!(sandbox = %id, "deleting spent pause {}: {e}", snapshot.id);
         }
+        self.unshare_pause(&id, &snapshot.id);
         Ok(())
     }
 
@@ -369,15 +371,22 @@ impl SandboxManager {
                 blocking::run("deleting a paused snapshot", move || match Saved::inspect(
                     &repo, &owned,
                 )? {
-                    Saved::Complete(s) | Saved::DiskTaken(s) => Ok(repo.delete(&s.id)?),
-                    Saved::Missing => Ok(()),
+                    Saved::Complete(s) | Saved::DiskTaken(s) => {
+                        repo.delete(&s.id)?;
+                        Ok(Some(s.id))
+                    }
+                    Saved::Missing => Ok(None),
                 })
                 .await
             }
             Err(e) => Err(e),
         };
-        if let Err(e) = deleted {
-            tracing::warn!(sandbox = %id, "deleting its paused snapshot: {e}; `siesta repo check` lists it");
+        match deleted {
+            Ok(Some(snapshot)) => self.unshare_pause(id, &snapshot),
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!(sandbox = %id, "deleting its paused snapshot: {e}; `siesta repo check` lists it")
+            }
         }
     }
 }

@@ -125,7 +125,7 @@ impl RemoteTier {
         parent: Option<&str>,
         aliases: &[String],
     ) -> Result<()> {
-        let err = |e| remote_err(id, e);
+        let err = |e| write_err("sharing", id, e);
         if let Some(parent) = parent {
             if !self.remote.contains(parent).await.map_err(err)? {
                 self.remote.push(repo, parent).await.map_err(err)?;
@@ -151,7 +151,15 @@ impl RemoteTier {
             .delete(id)
             .await
             .map(|_| ())
-            .map_err(|e| remote_err(id, e))
+            .map_err(|e| write_err("deleting", id, e))
+    }
+}
+
+fn write_err(what: &'static str, id: &str, e: RemoteError) -> Error {
+    Error::RemoteWrite {
+        what,
+        id: id.to_string(),
+        detail: e.to_string(),
     }
 }
 

@@ -50,7 +50,7 @@ impl From<Error> for ApiError {
             Error::WrongState { .. } | Error::KeyConflict { .. } => StatusCode::CONFLICT,
             Error::Invalid(_) => StatusCode::BAD_REQUEST,
             // The shared store failed us, not the request.
-            Error::Remote { .. } => StatusCode::BAD_GATEWAY,
+            Error::Remote { .. } | Error::RemoteWrite { .. } => StatusCode::BAD_GATEWAY,
             // The SDK turns this code into GuestUnresponsiveException.
             Error::GuestNotReady { .. } => {
                 let mut err = Self::new(StatusCode::CONFLICT, e.to_string());

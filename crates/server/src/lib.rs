@@ -7,6 +7,7 @@
 
 mod api_key;
 pub mod builds;
+pub mod cluster_front;
 pub mod conn;
 mod error;
 mod metrics;
@@ -33,6 +34,8 @@ pub struct ServerOptions {
     pub sandbox_domain: Option<String>,
     /// The node's volumes (`$SIESTA_HOME/volumes`).
     pub volumes: Arc<siesta_volume::Volumes>,
+    /// The cluster this node belongs to (none: it works alone).
+    pub cluster: Option<Arc<siesta_cluster::Cluster>>,
 }
 
 /// Serves the API on `listen` until `shutdown` resolves.
@@ -56,7 +59,12 @@ pub async fn serve(
         sandbox_domain: options.sandbox_domain,
         volumes: options.volumes,
     };
-    let app = proxy::front(router(state), targets);
+    let cluster = options.cluster.clone();
+    let manager = state.manager.clone();
+    let mut app = proxy::front(router(state), targets);
+    if let Some(cluster) = cluster {
+        app = cluster_front::front(app, cluster_front::ClusterFront { cluster, manager });
+    }
     let listener = conn::ResettableListener(listener);
     axum::serve(
         listener,

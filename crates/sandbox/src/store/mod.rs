@@ -53,6 +53,10 @@ pub type StoreResult<T> = std::result::Result<T, StoreError>;
 pub trait RowObserver: Send + Sync {
     /// Sandbox `id`'s row is now `row`; `None`: it was deleted.
     fn changed(&self, id: &str, row: Option<&crate::sandbox::SandboxRecord>);
+
+    /// Paused sandbox `id`'s pause is in the object store as `snapshot`;
+    /// `None`: no longer (resumed or killed). By default ignored.
+    fn pause_stored(&self, _id: &str, _snapshot: Option<&str>) {}
 }
 
 pub struct Store {
@@ -120,6 +124,11 @@ impl Store {
             observer.changed(&row.id, Some(row));
         }
         Ok(true)
+    }
+
+    /// The observer set by [`Store::set_observer`], if any.
+    pub fn observer(&self) -> Option<Arc<dyn RowObserver>> {
+        self.observer.get().cloned()
     }
 
     pub fn path(&self) -> &Path {

@@ -22,6 +22,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Router;
 
 pub use error::ProxyError;
+pub(crate) use forward::forward as forward_request;
 pub use route::{
     route_of, route_of_host, Route, ENVD_PORT, SANDBOX_ID_HEADER, SANDBOX_PORT_HEADER,
 };
