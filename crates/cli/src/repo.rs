@@ -156,12 +156,18 @@ async fn remote(cmd: RepoCommand, repo: &Repository) -> anyhow::Result<ExitCode>
             if json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
-                let verb = if repair { "removed" } else { "found" };
+                let (verb, finished) = if repair {
+                    ("removed", "finished")
+                } else {
+                    ("found", "found")
+                };
                 println!(
-                    "remote check: {} records; {verb} {} unreferenced objects, {} dangling aliases; {} damaged records",
+                    "remote check: {} records; {verb} {} unreferenced objects, {} dangling aliases; \
+                     {finished} {} interrupted deletes; {} damaged records",
                     report.records,
                     report.unreferenced.len(),
                     report.dangling_aliases.len(),
+                    report.half_deleted.len(),
                     report.damaged.len()
                 );
                 for d in &report.damaged {

@@ -29,11 +29,17 @@ pub struct RemoteReport {
     pub dangling_aliases: Vec<String>,
     /// Records missing an index or a chunk (not repairable).
     pub damaged: Vec<String>,
+    /// Records with a tombstone: a delete that died before it finished
+    /// (repair finishes it).
+    pub half_deleted: Vec<String>,
 }
 
 impl RemoteReport {
     pub fn is_clean(&self) -> bool {
-        self.unreferenced.is_empty() && self.dangling_aliases.is_empty() && self.damaged.is_empty()
+        self.unreferenced.is_empty()
+            && self.dangling_aliases.is_empty()
+            && self.damaged.is_empty()
+            && self.half_deleted.is_empty()
     }
 }
 
@@ -46,6 +52,12 @@ impl RemoteRepo {
         let ids = self.list().await?;
         report.records = ids.len();
         for id in &ids {
+            if self.is_tombstoned(id).await? {
+                // Not marked: once the delete is finished, what only it
+                // used is swept like any leftover.
+                report.half_deleted.push(id.clone());
+                continue;
+            }
             let record = match self.remote_record(id).await {
                 Ok(r) => r,
                 Err(RemoteError::NotFound(_)) => continue, // deleted meanwhile
@@ -66,11 +78,15 @@ impl RemoteRepo {
         for (key, _) in self.listing("aliases").await? {
             let alias = key.trim_start_matches("aliases/").to_string();
             let target = self.alias_target(&alias).await?;
-            if !ids.contains(&target) {
+            // A half-deleted record's aliases go with its delete.
+            if !ids.contains(&target) && !report.half_deleted.contains(&target) {
                 report.dangling_aliases.push(alias);
             }
         }
         if repair {
+            for id in &report.half_deleted {
+                self.finish_delete(id).await?;
+            }
             for key in report.unreferenced.iter().chain(
                 report
                     .dangling_aliases

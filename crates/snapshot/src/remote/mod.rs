@@ -18,7 +18,9 @@
 //! ([`Repository::import`]). A delete writes a tombstone first, then drops
 //! the aliases naming the id and the record; a push that finds a tombstone
 //! (before its record, or after: then it takes its record back) gives up,
-//! so a delete racing a push never leaves a half state. What either leaves
+//! so a delete racing a push never leaves a half state. A record with a
+//! tombstone (a delete that died before removing it) is gone to every
+//! reader, and `check --repair` finishes that delete. What either leaves
 //! behind (chunks, indexes, aliases) is found by [`RemoteRepo::check`].
 
 mod check;
@@ -106,10 +108,37 @@ struct RemoteRecord {
     manifest: Option<String>,
 }
 
+/// The points of a push and a delete between two writes to the store,
+/// where the crash tests stop a process (see [`RemoteRepo::with_step_hook`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RemoteStep {
+    /// A push uploaded every chunk and file index, not its record yet.
+    Uploaded,
+    /// A push wrote its record (its aliases come after).
+    Recorded,
+    /// A delete wrote its tombstone, nothing else yet.
+    Tombstoned,
+    /// A delete removed the aliases naming the id, not its record yet.
+    Unaliased,
+}
+
+impl RemoteStep {
+    pub const ALL: [RemoteStep; 4] = [
+        RemoteStep::Uploaded,
+        RemoteStep::Recorded,
+        RemoteStep::Tombstoned,
+        RemoteStep::Unaliased,
+    ];
+}
+
+/// Called at every [`RemoteStep`] (tests only).
+pub type StepHook = Arc<dyn Fn(RemoteStep) + Send + Sync>;
+
 /// The object store holding the shared repository.
 #[derive(Clone)]
 pub struct RemoteRepo {
     store: Arc<dyn ObjectStore>,
+    step_hook: Option<StepHook>,
 }
 
 fn record_key(id: &str) -> Key {
@@ -126,7 +155,23 @@ fn alias_key(alias: &str) -> Key {
 
 impl RemoteRepo {
     pub fn new(store: Arc<dyn ObjectStore>) -> Self {
-        Self { store }
+        Self {
+            store,
+            step_hook: None,
+        }
+    }
+
+    /// Runs `hook` at every step of this handle's pushes and deletes: the
+    /// crash tests kill the process there.
+    pub fn with_step_hook(mut self, hook: StepHook) -> Self {
+        self.step_hook = Some(hook);
+        self
+    }
+
+    fn step(&self, step: RemoteStep) {
+        if let Some(hook) = &self.step_hook {
+            hook(step);
+        }
     }
 
     pub fn open(config: &S3Config) -> Result<Self, RemoteError> {
@@ -166,11 +211,15 @@ impl RemoteRepo {
         if self.is_tombstoned(id).await? {
             return Err(RemoteError::Deleted(id.to_string()));
         }
-        match self
+        self.step(RemoteStep::Uploaded);
+        let written = self
             .store
             .put_opts(&key, PutPayload::from(body), create)
-            .await
-        {
+            .await;
+        if written.is_ok() {
+            self.step(RemoteStep::Recorded);
+        }
+        match written {
             Ok(_) if self.is_tombstoned(id).await? => {
                 // A delete ran while this push uploaded: it wins.
                 let _ = self.store.delete(&key).await;
@@ -195,6 +244,12 @@ impl RemoteRepo {
             return Ok(r);
         }
         let remote = self.remote_record(id).await?;
+        if self.is_tombstoned(id).await? {
+            // A delete that has not finished (or died half-way): gone.
+            return Err(RemoteError::NotFound(format!(
+                "snapshot {id:?} (deleted from the object store)"
+            )));
+        }
         let tmp = repo.import_dir();
         let fetched = Fetched::default();
         let mut fetched = fetched;
@@ -282,7 +337,7 @@ impl RemoteRepo {
     /// Whether the store holds a record of snapshot `id`.
     pub async fn contains(&self, id: &str) -> Result<bool, RemoteError> {
         match self.remote_record(id).await {
-            Ok(_) => Ok(true),
+            Ok(_) => Ok(!self.is_tombstoned(id).await?),
             Err(RemoteError::NotFound(_)) => Ok(false),
             Err(e) => Err(e),
         }
@@ -302,6 +357,15 @@ impl RemoteRepo {
             .put(&tomb, PutPayload::from_static(b"deleted"))
             .await
             .map_err(store_err("writing", &tomb))?;
+        self.step(RemoteStep::Tombstoned);
+        self.finish_delete(id).await?;
+        Ok(existed)
+    }
+
+    /// The rest of a delete once its tombstone is written: the aliases
+    /// naming `id`, then its record. Also what `check --repair` runs for a
+    /// delete that died half-way.
+    async fn finish_delete(&self, id: &str) -> Result<(), RemoteError> {
         for alias in self.aliases_naming(id).await? {
             let key = alias_key(&alias);
             match self.store.delete(&key).await {
@@ -309,9 +373,10 @@ impl RemoteRepo {
                 Err(e) => return Err(store_err("removing", &key)(e)),
             }
         }
+        self.step(RemoteStep::Unaliased);
         let key = record_key(id);
         match self.store.delete(&key).await {
-            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(existed),
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(e) => Err(store_err("removing", &key)(e)),
         }
     }
