@@ -8,7 +8,8 @@ traffic to A, which owns it) with its files and a process intact; then A
 is killed with SIGKILL, and once its lease expired the sandbox, paused
 again, is taken over by B (its pause fetched from the object store) and
 resumes there, files and process intact; A, started again, finds the
-sandbox moved and forwards to B instead of resuming its stale copy."""
+sandbox moved and forwards to B instead of resuming its stale copy. A
+node stopped cleanly hands its sandboxes over at once."""
 
 from __future__ import annotations
 
@@ -118,6 +119,9 @@ def test_a_sandbox_moves_between_nodes(nodes, infra, monkeypatch):
             "while true; do i=$((i+1)); echo $i > /tmp/counter; sleep 0.1; done'",
             background=True,
         )
+        # Known cluster-wide as soon as the create returned.
+        seen = b.api("GET", f"/sandboxes/{sid}")
+        assert seen.status_code == 200 and seen.headers.get("x-siesta-node") == "a"
         time.sleep(0.5)
         pid, count = _counter(box)
         assert box.pause() is True
@@ -158,6 +162,31 @@ def test_a_sandbox_moves_between_nodes(nodes, infra, monkeypatch):
         killed = b.api("DELETE", f"/sandboxes/{sid}")
         print(f"kill {sid} through b: {killed.status_code} {killed.text}")
     assert etcd.get(f"/siesta/owners/{sid}") is None
+
+
+def test_a_node_stopped_cleanly_hands_its_sandboxes_over(nodes, infra, monkeypatch):
+    """SIGTERM to a node in a cluster pauses its sandboxes, waits for the
+    pauses to reach the object store and leaves: another node takes them
+    over at once (no lease to wait for)."""
+    a, b = nodes
+    etcd, _ = infra
+    if a.proc is None:
+        a.start()
+    _point_sdk(monkeypatch, a)
+    box = Sandbox.create(template="base", timeout=600)
+    sid = box.sandbox_id
+    try:
+        box.files.write("/home/user/note", "written-on-a")
+        a.stop()
+        assert etcd.get("/siesta/nodes/a") is None, "a left the cluster"
+        assert etcd.get(f"/siesta/stored/{sid}") is not None, "its pause is in the store"
+        _point_sdk(monkeypatch, b)
+        moved = Sandbox.connect(sid)
+        assert etcd.get(f"/siesta/owners/{sid}") == "b"
+        assert moved.files.read("/home/user/note") == "written-on-a"
+    finally:
+        killed = b.api("DELETE", f"/sandboxes/{sid}")
+        print(f"kill {sid} through b: {killed.status_code} {killed.text}")
 
 
 def test_a_node_without_etcd_says_so():

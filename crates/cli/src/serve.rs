@@ -139,7 +139,12 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     tracing::info!("shutting down: pausing running sandboxes");
     manager.shutdown().await;
     if let Some(cluster) = &cluster {
-        // The paused rows are written out, then the node deregisters.
+        // The pauses reach the object store (so other nodes can take them
+        // over while this one is away), their rows are written out, then
+        // the node deregisters.
+        if !manager.wait_transfers(TRANSFER_DRAIN).await {
+            tracing::warn!("pauses still going to the object store after {TRANSFER_DRAIN:?}: this node keeps them until it is back");
+        }
         cluster.leave().await;
     }
     let served = match ended {
@@ -192,6 +197,10 @@ fn record_missing_manifest(node: &std::sync::Arc<Node>, name: &str) {
         drop(template::spawn_manifest_recording(node.clone(), t));
     }
 }
+
+/// How long a clean stop in a cluster waits for its pauses to reach the
+/// object store (well inside the unit's and the pod's 120 s stop timeout).
+const TRANSFER_DRAIN: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// How long open HTTP connections may take to finish after a stop signal.
 const HTTP_DRAIN: std::time::Duration = std::time::Duration::from_secs(10);

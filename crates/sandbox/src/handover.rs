@@ -1,7 +1,7 @@
 //! Paused sandboxes handed from one node to another through the object
 //! store (docs/cluster.md §3).
 //!
-//! With a store configured, every pause is shared in the background once
+//! In a cluster with a store configured, every pause is shared in the background once
 //! committed ([`SandboxManager::share_pause`]): its snapshot is pushed
 //! (the template it was taken over first, if the store lacks it), and the
 //! row observer is told which snapshot holds the pause, which the cluster
@@ -26,15 +26,17 @@ use crate::sandbox::{Sandbox, SandboxInfo, SandboxRecord, SandboxState, DISK_FIL
 
 impl SandboxManager {
     /// Pushes paused sandbox `id`'s snapshot to the object store in the
-    /// background and reports it to the row observer once there. No store:
-    /// nothing to do.
+    /// background and reports it to the row observer once there. Only in a
+    /// cluster (a row observer is set) with a store: alone, no other node
+    /// could take the pause over, and pushing it would be wasted.
     pub(crate) fn share_pause(&self, id: &str, snapshot: &SnapshotRecord) {
-        let (Some(remote), Ok(repo)) = (self.remote().cloned(), self.repo()) else {
+        let (Some(remote), Ok(repo), Some(observer)) =
+            (self.remote().cloned(), self.repo(), self.store.observer())
+        else {
             return;
         };
-        let observer = self.store.observer();
         let (id, snap, parent) = (id.to_string(), snapshot.id.clone(), snapshot.parent.clone());
-        tokio::spawn(async move {
+        self.transfers.spawn(async move {
             let started = std::time::Instant::now();
             if let Err(e) = remote.share(&repo, &snap, parent.as_deref(), &[]).await {
                 // A resume that came first deleted it (tombstone): expected.
@@ -48,9 +50,7 @@ impl SandboxManager {
             }
             tracing::info!(sandbox = %id, snapshot = %snap,
                 ms = started.elapsed().as_millis() as u64, "pause shared through the object store");
-            if let Some(observer) = observer {
-                observer.pause_stored(&id, Some(&snap));
-            }
+            observer.pause_stored(&id, Some(&snap));
         });
     }
 
@@ -58,14 +58,12 @@ impl SandboxManager {
     /// object store, in the background (the store's copy must not be
     /// resumed elsewhere once this one moved on).
     pub(crate) fn unshare_pause(&self, id: &str, snapshot: &str) {
-        let Some(remote) = self.remote().cloned() else {
+        let (Some(remote), Some(observer)) = (self.remote().cloned(), self.store.observer()) else {
             return;
         };
-        if let Some(observer) = self.store.observer() {
-            observer.pause_stored(id, None);
-        }
+        observer.pause_stored(id, None);
         let (id, snap) = (id.to_string(), snapshot.to_string());
-        tokio::spawn(async move {
+        self.transfers.spawn(async move {
             if let Err(e) = remote.unshare(&snap).await {
                 tracing::warn!(sandbox = %id, snapshot = %snap,
                     "spent pause left in the object store: {e}; `siesta repo check --remote --repair` removes it");
@@ -138,7 +136,7 @@ impl SandboxManager {
         // node's copy removed from the store.
         self.share_pause(&info.id, &published);
         let (old, sandbox_id) = (snapshot.to_string(), info.id.clone());
-        tokio::spawn(async move {
+        self.transfers.spawn(async move {
             if let Err(e) = remote.unshare(&old).await {
                 tracing::warn!(
                     sandbox = sandbox_id,
@@ -197,6 +195,17 @@ async fn republish(
 }
 
 impl SandboxManager {
+    /// Waits (at most `limit`) for the background transfers to the object
+    /// store to finish, after [`SandboxManager::shutdown`]: the pauses it
+    /// made reach the store, so another node can take them over. Returns
+    /// false if some were still running at the limit.
+    pub async fn wait_transfers(&self, limit: std::time::Duration) -> bool {
+        self.transfers.close();
+        tokio::time::timeout(limit, self.transfers.wait())
+            .await
+            .is_ok()
+    }
+
     /// Drops paused (or dead) sandbox `id` from this node without touching
     /// the object store: another node took it over while this one was
     /// gone, and the sandbox lives there now. A running sandbox is left

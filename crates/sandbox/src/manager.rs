@@ -93,6 +93,10 @@ pub struct SandboxManager {
     _home_lock: Option<std::fs::File>,
     /// The node's volumes, which sandboxes may mount (none: mounts refused).
     pub(crate) volumes: Option<Arc<siesta_volume::Volumes>>,
+    /// Background transfers to and from the object store (shared pauses
+    /// and snapshots, deleted copies): a clean stop waits for them
+    /// ([`SandboxManager::wait_transfers`]).
+    pub(crate) transfers: tokio_util::task::TaskTracker,
 }
 
 impl SandboxManager {
@@ -177,6 +181,7 @@ impl SandboxManager {
             remote: std::sync::OnceLock::new(),
             _home_lock: lock,
             volumes,
+            transfers: tokio_util::task::TaskTracker::new(),
         });
         manager.reaper.start(Arc::downgrade(&manager));
         manager

@@ -238,7 +238,7 @@ impl SandboxManager {
             return;
         };
         let (id, parent) = (record.id.clone(), record.parent.clone());
-        tokio::spawn(async move {
+        self.transfers.spawn(async move {
             match remote.share(&repo, &id, parent.as_deref(), &aliases).await {
                 Ok(()) => tracing::info!(snapshot = %id, "shared through the object store"),
                 Err(e) => {

@@ -15,7 +15,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
-use axum::http::{HeaderValue, StatusCode};
+use axum::http::{HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use siesta_cluster::{Cluster, Location, NodeInfo};
@@ -48,22 +48,22 @@ pub fn front(app: axum::Router, front: ClusterFront) -> axum::Router {
 
 async fn dispatch(State(front): State<Arc<ClusterFront>>, req: Request, next: Next) -> Response {
     let Some(id) = sandbox_of(&req) else {
-        return next.run(req).await;
+        return served_here(&front, req, next).await;
     };
     if req.headers().contains_key(FORWARDED_BY) {
-        return next.run(req).await;
+        return served_here(&front, req, next).await;
     }
     match front.manager.get(&id).await {
         Err(Error::SandboxNotFound { .. }) => {}
-        _ => return next.run(req).await,
+        _ => return served_here(&front, req, next).await,
     }
     match front.cluster.locate(&id).await {
         Ok(Location::Elsewhere(node)) => forward(&front, &id, &node, req).await,
         Ok(Location::Orphaned(owned)) => match takeover::adopt(&front, &id, owned).await {
-            Ok(()) => next.run(req).await,
+            Ok(()) => served_here(&front, req, next).await,
             Err(e) => e.into_response(),
         },
-        Ok(Location::Here | Location::Unknown) => next.run(req).await,
+        Ok(Location::Here | Location::Unknown) => served_here(&front, req, next).await,
         Err(e) => ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             format!(
@@ -73,6 +73,23 @@ async fn dispatch(State(front): State<Arc<ClusterFront>>, req: Request, next: Ne
         )
         .into_response(),
     }
+}
+
+/// Serves `req` on this node. A control call that may change a sandbox
+/// (any method but GET and HEAD) answers only once the rows it changed are
+/// in etcd: a client that created or paused a sandbox here and asks
+/// another node next finds it where it is.
+async fn served_here(front: &ClusterFront, req: Request, next: Next) -> Response {
+    let envd = matches!(
+        crate::proxy::route_of(req.headers(), req.uri()),
+        Ok(Some(_))
+    );
+    let changes = !envd && !matches!(*req.method(), Method::GET | Method::HEAD);
+    let resp = next.run(req).await;
+    if changes {
+        front.cluster.row_writer().flush().await;
+    }
+    resp
 }
 
 /// The sandbox a request is for, by the envd routing rules or the control
