@@ -41,6 +41,30 @@ pub struct ClusterConfig {
 /// after its last renewal.
 pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(10);
 
+/// Registers `me`; if its id is still held, waits up to a lease (and a
+/// little) for it to free: that is this node's own registration from
+/// before a crash and restart, which expires. A live node with the same id
+/// keeps renewing it, and this one is then refused.
+async fn register_when_free(etcd: &Etcd, me: &NodeInfo, ttl: Duration) -> Result<i64> {
+    let deadline = tokio::time::Instant::now() + ttl + Duration::from_secs(2);
+    let mut told = false;
+    loop {
+        match membership::register(etcd, me, ttl).await {
+            Err(Error::NodeIdTaken { .. }) if tokio::time::Instant::now() < deadline => {
+                if !told {
+                    tracing::info!(
+                        node = me.id,
+                        "node id still registered (this node before a restart?): waiting up to {ttl:?} for it to expire"
+                    );
+                    told = true;
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
 /// Where a sandbox is, seen from one node.
 #[derive(Debug, Clone)]
 pub enum Location {
@@ -79,7 +103,7 @@ impl Cluster {
             id: config.node_id,
             api: config.advertise,
         });
-        let lease = membership::register(&etcd, &me, config.lease_ttl).await?;
+        let lease = register_when_free(&etcd, &me, config.lease_ttl).await?;
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let renewer = tokio::spawn(membership::keep_registered(
             etcd.clone(),

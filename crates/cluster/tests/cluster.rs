@@ -194,4 +194,12 @@ async fn nodes_own_sandboxes_and_take_over_those_of_a_dead_node() {
     let again = Cluster::join(config(&urls[1..], "b", 2)).await.unwrap();
     again.leave().await;
     c.leave().await;
+
+    // A node that crashed and restarts at once finds its old registration
+    // still there: it waits for it to expire instead of failing.
+    let (rt_d, _d) =
+        tokio::task::block_in_place(|| join_in_own_runtime(config(&urls[1..], "d", 2)));
+    rt_d.shutdown_background();
+    let d = Cluster::join(config(&urls[1..], "d", 2)).await.unwrap();
+    d.leave().await;
 }
