@@ -133,7 +133,10 @@ def test_a_sandbox_moves_between_nodes(nodes, infra, monkeypatch):
         _assert_intact(same, pid, count)
         seen = b.api("GET", f"/sandboxes/{sid}")
         assert seen.status_code == 200 and seen.headers.get("x-siesta-node") == "a"
-        assert sid not in {s["sandboxID"] for s in b.api("GET", "/v2/sandboxes").json()}
+        # Lists show the cluster's sandboxes, on any node.
+        assert sid in {s.sandbox_id for s in Sandbox.list().next_items()}
+        listed = b.api("GET", "/v2/sandboxes?state=running").json()
+        assert sid in {s["sandboxID"] for s in listed}
         assert etcd.get(f"/siesta/owners/{sid}") == "a"
         _, count = _counter(same)
 
@@ -145,6 +148,9 @@ def test_a_sandbox_moves_between_nodes(nodes, infra, monkeypatch):
         # A dies; after its lease B takes the sandbox over on the next call.
         a.kill9()
         _wait("a's lease to expire", 30, lambda: etcd.get("/siesta/nodes/a") is None)
+        # Listed as paused (its pause can move) while its node is dead.
+        paused = b.api("GET", "/v2/sandboxes?state=paused").json()
+        assert sid in {s["sandboxID"] for s in paused}
         moved = Sandbox.connect(sid)
         assert etcd.get(f"/siesta/owners/{sid}") == "b"
         _assert_intact(moved, pid, count)
@@ -157,7 +163,7 @@ def test_a_sandbox_moves_between_nodes(nodes, infra, monkeypatch):
         via_a = a.api("GET", f"/sandboxes/{sid}")
         assert via_a.status_code == 200, via_a.text
         assert via_a.headers.get("x-siesta-node") == "b"
-        assert sid not in {s["sandboxID"] for s in a.api("GET", "/v2/sandboxes").json()}
+        assert sid in {s["sandboxID"] for s in a.api("GET", "/v2/sandboxes").json()}
     finally:
         killed = b.api("DELETE", f"/sandboxes/{sid}")
         print(f"kill {sid} through b: {killed.status_code} {killed.text}")

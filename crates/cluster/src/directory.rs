@@ -73,6 +73,60 @@ pub(crate) async fn lookup(etcd: &Etcd, id: &str) -> Result<Option<Owned>> {
     }))
 }
 
+/// A sandbox row as the cluster holds it.
+#[derive(Debug, Clone)]
+pub struct ClusterRow {
+    pub owner: String,
+    /// Whether the owner's lease is alive.
+    pub owner_alive: bool,
+    /// Whether its pause is in the object store (it can move).
+    pub stored: bool,
+    pub row: SandboxRecord,
+}
+
+/// Every row in etcd (three range reads), `live` naming the live nodes.
+pub(crate) async fn all_rows(
+    etcd: &Etcd,
+    live: &std::collections::HashSet<String>,
+) -> Result<Vec<ClusterRow>> {
+    let text = |kv: crate::etcd::KeyValue, prefix: &str| {
+        let id = kv.key.strip_prefix(prefix).unwrap_or(&kv.key).to_string();
+        (id, String::from_utf8_lossy(&kv.value).into_owned())
+    };
+    let owners: std::collections::HashMap<String, String> = etcd
+        .get_prefix(OWNERS)
+        .await?
+        .into_iter()
+        .map(|kv| text(kv, OWNERS))
+        .collect();
+    let stored: std::collections::HashSet<String> = etcd
+        .get_prefix(STORED)
+        .await?
+        .into_iter()
+        .map(|kv| text(kv, STORED).0)
+        .collect();
+    let mut out = Vec::new();
+    for kv in etcd.get_prefix(ROWS).await? {
+        let row: SandboxRecord = match serde_json::from_slice(&kv.value) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(key = kv.key, "skipping an unreadable cluster row: {e}");
+                continue;
+            }
+        };
+        let Some(owner) = owners.get(&row.id) else {
+            continue; // deleted between the reads
+        };
+        out.push(ClusterRow {
+            owner_alive: live.contains(owner),
+            stored: stored.contains(&row.id),
+            owner: owner.clone(),
+            row,
+        });
+    }
+    Ok(out)
+}
+
 /// Makes `to` the owner of sandbox `id` if `from` still is; returns
 /// whether it did (another node may have been faster).
 pub(crate) async fn take_over(etcd: &Etcd, id: &str, from: &str, to: &str) -> Result<bool> {

@@ -19,7 +19,7 @@ pub mod reconcile;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use directory::{Owned, RowWriter};
+pub use directory::{ClusterRow, Owned, RowWriter};
 pub use error::{Error, Result};
 pub use etcd::Etcd;
 pub use membership::NodeInfo;
@@ -166,6 +166,13 @@ impl Cluster {
         if let Some(renewer) = self.renewer.lock().await.take() {
             let _ = renewer.await;
         }
+    }
+
+    /// Every sandbox row in the cluster, with where it stands.
+    pub async fn rows(&self) -> Result<Vec<directory::ClusterRow>> {
+        let live: std::collections::HashSet<String> =
+            self.nodes().await?.into_iter().map(|n| n.id).collect();
+        directory::all_rows(&self.etcd, &live).await
     }
 
     /// The nodes registered now.

@@ -58,6 +58,7 @@ pub async fn serve(
         sandbox_metrics: Arc::default(),
         sandbox_domain: options.sandbox_domain,
         volumes: options.volumes,
+        cluster: options.cluster.clone(),
     };
     let cluster = options.cluster.clone();
     let manager = state.manager.clone();

@@ -149,6 +149,7 @@ async fn resolve(api: &str) -> Result<SocketAddr, String> {
         .ok_or_else(|| format!("{api} resolves to no address"))
 }
 
+pub mod list;
 mod takeover;
 
 #[cfg(test)]

@@ -58,6 +58,8 @@ pub struct AppState {
     pub sandbox_domain: Option<String>,
     /// The node's volumes.
     pub volumes: Arc<Volumes>,
+    /// The cluster the node belongs to: lists show every node's sandboxes.
+    pub cluster: Option<Arc<siesta_cluster::Cluster>>,
 }
 
 /// The routes that need the node's API key. Each handler's

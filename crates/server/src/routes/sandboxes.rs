@@ -223,7 +223,7 @@ pub async fn list_v2(
     RawQuery(raw): RawQuery,
 ) -> Result<Response, ApiError> {
     let q = query::parse(raw.as_deref(), LIVE)?;
-    let (items, next) = st.manager.list_page(&q).await?;
+    let (items, next) = list_page(&st, &q).await?;
     let mut headers = HeaderMap::new();
     if let Some(token) = next {
         if let Ok(v) = HeaderValue::from_str(&token) {
@@ -249,8 +249,20 @@ pub async fn list_v1(
 ) -> Result<Json<Vec<ListedSandbox>>, ApiError> {
     let mut q = query::parse(raw.as_deref(), &[SandboxState::Running])?;
     q.limit = Some(siesta_sandbox::store::MAX_LIMIT);
-    let (items, _) = st.manager.list_page(&q).await?;
+    let (items, _) = list_page(&st, &q).await?;
     Ok(Json(items.iter().map(ListedSandbox::new).collect()))
+}
+
+/// One page of this node's sandboxes, or of the cluster's when the node
+/// is in one.
+async fn list_page(
+    st: &AppState,
+    q: &siesta_sandbox::ListQuery,
+) -> Result<(Vec<siesta_sandbox::sandbox::SandboxInfo>, Option<String>), ApiError> {
+    match &st.cluster {
+        Some(cluster) => crate::cluster_front::list::list_page(cluster, q).await,
+        None => Ok(st.manager.list_page(q).await?),
+    }
 }
 
 /// One sandbox.
