@@ -1,7 +1,8 @@
 //! `siesta bench resume --from s3`: creates from a template the node does
-//! not have, fetched from the object store (`SIESTA_S3_*`) on that create,
-//! against creates from the same template once it is in the local (POSIX)
-//! repository, alternating in one run.
+//! not have, fetched from the object store (`SIESTA_S3_*`) on that create
+//! (fetching its chunks one at a time, and [`FETCH_CONCURRENCY`] at a
+//! time, the default), against creates from the same template once it is
+//! in the local (POSIX) repository, alternating in one run.
 //!
 //! Each sample runs a node in a new scratch home
 //! (`$SIESTA_HOME/ephemeral/s3-<pid>-<n>`, the server's assets linked in,
@@ -19,17 +20,24 @@ use serde_json::json;
 use siesta_sandbox::remote_tier::RemoteTier;
 use siesta_sandbox::template;
 use siesta_sandbox::{CreateRequest, Node, NodeConfig, SandboxManager};
-use siesta_snapshot::remote::{RemoteError, RemoteRepo, S3Config};
+use siesta_snapshot::remote::{RemoteError, RemoteRepo, S3Config, FETCH_CONCURRENCY};
 use siesta_snapshot::Repository;
 
 use crate::stats::summarize;
 
-/// One cold and one warm create.
+/// Two cold creates (chunks fetched one at a time, and concurrently) and
+/// one warm create.
 struct Sample {
-    cold_ms: f64,
-    /// The resume inside the cold create (its stages' total).
-    cold_resume_ms: f64,
+    serial: Cold,
+    cold: Cold,
     warm_ms: f64,
+}
+
+/// A create that fetched its template first.
+struct Cold {
+    ms: f64,
+    /// The resume inside it (its stages' total).
+    resume_ms: f64,
 }
 
 pub async fn run(template_name: &str, samples: usize, json: bool) -> anyhow::Result<ExitCode> {
@@ -48,13 +56,31 @@ pub async fn run(template_name: &str, samples: usize, json: bool) -> anyhow::Res
     publish(&remote, &home_repo, &alias, &id).await?;
     let bytes = fetched_bytes(&home_repo, &id)?;
 
+    let serial = remote.clone().with_fetch_concurrency(1);
     let mut measured = Vec::with_capacity(samples);
     for i in 0..samples {
-        let scratch = scratch_home(&home.home, i)?;
-        let outcome = sample(&home, &scratch, &remote, template_name).await;
-        std::fs::remove_dir_all(&scratch)
-            .with_context(|| format!("removing {}", scratch.display()))?;
-        measured.push(outcome.with_context(|| format!("sample {} of {samples}", i + 1))?);
+        let in_scratch = |n: usize, remote: RemoteRepo| {
+            let home = &home;
+            async move {
+                let scratch = scratch_home(&home.home, n)?;
+                let outcome = sample(home, &scratch, &remote, template_name).await;
+                std::fs::remove_dir_all(&scratch)
+                    .with_context(|| format!("removing {}", scratch.display()))?;
+                outcome
+            }
+        };
+        let context = || format!("sample {} of {samples}", i + 1);
+        let (serial, _) = in_scratch(2 * i, serial.clone())
+            .await
+            .with_context(context)?;
+        let (cold, warm_ms) = in_scratch(2 * i + 1, remote.clone())
+            .await
+            .with_context(context)?;
+        measured.push(Sample {
+            serial,
+            cold,
+            warm_ms,
+        });
     }
     report(template_name, &s3, bytes, &measured, json);
     Ok(ExitCode::SUCCESS)
@@ -106,13 +132,13 @@ fn scratch_home(home: &Path, n: usize) -> anyhow::Result<PathBuf> {
     Ok(dir)
 }
 
-/// One cold and one warm create by a node in `scratch`.
+/// One cold and one warm create (ms) by a node in `scratch`.
 async fn sample(
     home: &NodeConfig,
     scratch: &Path,
     remote: &RemoteRepo,
     name: &str,
-) -> anyhow::Result<Sample> {
+) -> anyhow::Result<(Cold, f64)> {
     let mut config = home.clone();
     config.home = scratch.to_path_buf();
     config.sandbox_root = None;
@@ -127,17 +153,13 @@ async fn sample(
     outcome
 }
 
-async fn cold_then_warm(manager: &SandboxManager, name: &str) -> anyhow::Result<Sample> {
-    let (cold_ms, info) = timed_create(manager, name).await.context("cold create")?;
-    let cold_resume_ms = info.timings.map_or(0.0, |t| t.total_ms);
+async fn cold_then_warm(manager: &SandboxManager, name: &str) -> anyhow::Result<(Cold, f64)> {
+    let (ms, info) = timed_create(manager, name).await.context("cold create")?;
+    let resume_ms = info.timings.map_or(0.0, |t| t.total_ms);
     manager.kill(&info.id).await?;
     let (warm_ms, info) = timed_create(manager, name).await.context("warm create")?;
     manager.kill(&info.id).await?;
-    Ok(Sample {
-        cold_ms,
-        cold_resume_ms,
-        warm_ms,
-    })
+    Ok((Cold { ms, resume_ms }, warm_ms))
 }
 
 async fn timed_create(
@@ -156,8 +178,10 @@ async fn timed_create(
 
 fn report(name: &str, s3: &S3Config, bytes: u64, samples: &[Sample], json: bool) {
     let column = |f: &dyn Fn(&Sample) -> f64| summarize(&samples.iter().map(f).collect::<Vec<_>>());
-    let cold = column(&|s| s.cold_ms);
-    let fetch = column(&|s| s.cold_ms - s.cold_resume_ms);
+    let serial = column(&|s| s.serial.ms);
+    let serial_fetch = column(&|s| s.serial.ms - s.serial.resume_ms);
+    let cold = column(&|s| s.cold.ms);
+    let fetch = column(&|s| s.cold.ms - s.cold.resume_ms);
     let warm = column(&|s| s.warm_ms);
     let mib = bytes as f64 / f64::from(1 << 20);
     if json {
@@ -168,6 +192,10 @@ fn report(name: &str, s3: &S3Config, bytes: u64, samples: &[Sample], json: bool)
             "fetch_p50_ms": fetch.p50,
             "warm_p50_ms": warm.p50,
             "cold_over_warm_p50": cold.p50 / warm.p50,
+            "fetch_concurrency": FETCH_CONCURRENCY,
+            "serial_cold_p50_ms": serial.p50,
+            "serial_fetch_p50_ms": serial_fetch.p50,
+            "serial_over_concurrent_fetch_p50": serial_fetch.p50 / fetch.p50,
         });
         println!("{out}");
         return;
@@ -178,8 +206,11 @@ fn report(name: &str, s3: &S3Config, bytes: u64, samples: &[Sample], json: bool)
     );
     println!("| Create | Samples | Mean | p50 | Min | Max |");
     println!("| --- | ---: | ---: | ---: | ---: | ---: |");
+    let concurrent = format!("object store, cold, {FETCH_CONCURRENCY} chunks at a time (default)");
     for (what, t) in [
-        ("object store, cold (fetch, then resume)", &cold),
+        ("object store, cold, one chunk at a time", &serial),
+        ("  of which the fetch", &serial_fetch),
+        (concurrent.as_str(), &cold),
         ("  of which the fetch", &fetch),
         ("local repository (POSIX), warm", &warm),
     ] {
@@ -189,5 +220,9 @@ fn report(name: &str, s3: &S3Config, bytes: u64, samples: &[Sample], json: bool)
         );
     }
     println!("\n| Comparison | Value |\n| --- | ---: |");
+    println!(
+        "| fetch p50, one at a time / {FETCH_CONCURRENCY} at a time | {:.2} |",
+        serial_fetch.p50 / fetch.p50
+    );
     println!("| cold p50 / warm p50 | {:.2} |", cold.p50 / warm.p50);
 }

@@ -101,13 +101,23 @@ pub async fn put_file(store: &Arc<dyn ObjectStore>, path: &Path) -> Result<Strin
     Ok(index.sha256)
 }
 
+/// How many chunks a fetch has in flight by default: a request costs a few
+/// ms of latency that one stream cannot hide; eight keep the link busy
+/// with 32 MiB in memory (`siesta bench resume --from s3` compares).
+pub const FETCH_CONCURRENCY: usize = 8;
+
 /// Downloads the file whose SHA-256 is `sha` into `dest` (created; holes
-/// for zero chunks), checking every chunk and the whole.
+/// for zero chunks), checking every chunk and the whole. Up to
+/// `concurrency` chunks are fetched at once; they are checked, hashed and
+/// written in order.
 pub async fn get_file(
     store: &Arc<dyn ObjectStore>,
     sha: &str,
     dest: &Path,
+    concurrency: usize,
 ) -> Result<(), RemoteError> {
+    use futures::StreamExt;
+
     let key = index_key(sha);
     let bytes = get_bytes(store, &key).await?;
     let index: FileIndex = serde_json::from_slice(&bytes).map_err(|e| RemoteError::Corrupt {
@@ -124,15 +134,32 @@ pub async fn get_file(
     file.set_len(index.size).await.map_err(io("sizing"))?;
     let mut whole = Sha256::new();
     let zeros = vec![0u8; index.chunk_size as usize];
+    // Owned items and futures: a stream borrowing the index would make the
+    // future of every caller (a create, a takeover) lose `Send`.
+    let from = store.clone();
+    let mut fetched = futures::stream::iter(index.chunks.clone())
+        .map(move |chunk| {
+            let store = from.clone();
+            async move {
+                match chunk {
+                    Some(sha) => get_bytes(&store, &chunk_key(&sha)).await.map(Some),
+                    None => Ok(None),
+                }
+            }
+        })
+        .buffered(concurrency.max(1));
     for (i, chunk) in index.chunks.iter().enumerate() {
         let offset = i as u64 * index.chunk_size;
         let len = (index.size - offset).min(index.chunk_size) as usize;
-        let Some(chunk_sha) = chunk else {
+        let data = match fetched.next().await {
+            Some(r) => r?,
+            None => None,
+        };
+        let (Some(chunk_sha), Some(data)) = (chunk, data) else {
             whole.update(&zeros[..len]);
             continue;
         };
         let ckey = chunk_key(chunk_sha);
-        let data = get_bytes(store, &ckey).await?;
         let got = hex(Sha256::digest(&data));
         if &got != chunk_sha || data.len() != len {
             return Err(RemoteError::Corrupt {

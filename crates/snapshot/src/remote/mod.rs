@@ -38,7 +38,7 @@ use serde::{Deserialize, Serialize};
 use crate::record::{SnapshotRecord, MANIFEST_FILE};
 use crate::repo::{RepoError, Repository};
 pub use check::RemoteReport;
-pub use chunks::{FileIndex, CHUNK_SIZE};
+pub use chunks::{FileIndex, CHUNK_SIZE, FETCH_CONCURRENCY};
 pub use config::S3Config;
 
 #[derive(Debug, thiserror::Error)]
@@ -139,6 +139,8 @@ pub type StepHook = Arc<dyn Fn(RemoteStep) + Send + Sync>;
 pub struct RemoteRepo {
     store: Arc<dyn ObjectStore>,
     step_hook: Option<StepHook>,
+    /// Chunks a pull has in flight at once.
+    fetch_concurrency: usize,
 }
 
 fn record_key(id: &str) -> Key {
@@ -158,7 +160,15 @@ impl RemoteRepo {
         Self {
             store,
             step_hook: None,
+            fetch_concurrency: chunks::FETCH_CONCURRENCY,
         }
+    }
+
+    /// Fetches up to `n` chunks at once in a pull (default
+    /// [`FETCH_CONCURRENCY`]; 1: one after another).
+    pub fn with_fetch_concurrency(mut self, n: usize) -> Self {
+        self.fetch_concurrency = n.max(1);
+        self
     }
 
     /// Runs `hook` at every step of this handle's pushes and deletes: the
@@ -256,14 +266,14 @@ impl RemoteRepo {
         for (role, sha) in &remote.files {
             let dest = tmp.join(format!("pull-{id}-{role}.{:08x}", rand::random::<u32>()));
             fetched.paths.push(dest.clone());
-            chunks::get_file(&self.store, sha, &dest).await?;
+            chunks::get_file(&self.store, sha, &dest, self.fetch_concurrency).await?;
             fetched.files.insert(role.clone(), dest);
         }
         let manifest = match &remote.manifest {
             Some(sha) => {
                 let dest = tmp.join(format!("pull-{id}-manifest.{:08x}", rand::random::<u32>()));
                 fetched.paths.push(dest.clone());
-                chunks::get_file(&self.store, sha, &dest).await?;
+                chunks::get_file(&self.store, sha, &dest, self.fetch_concurrency).await?;
                 Some(dest)
             }
             None => None,
