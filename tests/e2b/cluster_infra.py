@@ -82,6 +82,7 @@ class Weed:
         self.dir = Path(tempfile.mkdtemp(prefix="siesta-weed-", dir="/var/tmp"))
         self.proc: subprocess.Popen | None = None
         self.port = 0
+        self.ports: list[int] = []
 
     def start(self) -> None:
         (self.dir / "logs").mkdir()
@@ -92,6 +93,7 @@ class Weed:
         # weed needs the gRPC port (+10000) of each of its ports free too.
         ports = [free_port_with_grpc() for _ in range(5)]
         self.port = ports[0]
+        self.ports = ports
         d = self.dir
         self.proc = subprocess.Popen(
             [str(WEED), f"-logdir={d / 'logs'}", "mini", f"-dir={d}", "-ip=127.0.0.1",
@@ -129,6 +131,13 @@ class Weed:
             self.proc.kill()
             self.proc.wait(timeout=30)
         shutil.rmtree(self.dir, ignore_errors=True)
+        # weed leaves a unix socket per server in the temporary directory,
+        # named by its gRPC port (port + 10000): ours, by name.
+        servers = ("s3", "filer", "master", "volume", "admin")
+        for server, port in zip(servers, self.ports):
+            Path(tempfile.gettempdir(), f"seaweedfs-{server}-grpc-{port + 10000}.sock").unlink(
+                missing_ok=True
+            )
 
 
 def free_port_with_grpc() -> int:

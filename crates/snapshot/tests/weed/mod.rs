@@ -22,6 +22,19 @@ impl Drop for Weed {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        // weed leaves a unix socket per server in the temporary directory,
+        // named by its gRPC port (port + 10000): ours, by name.
+        let tmp = std::env::temp_dir();
+        for (server, port) in [
+            ("s3", self.port),
+            ("filer", self.port + 5),
+            ("master", self.port + 10),
+            ("volume", self.port + 17),
+            ("admin", self.port + 20),
+        ] {
+            let sock = tmp.join(format!("seaweedfs-{server}-grpc-{}.sock", port + 10000));
+            let _ = std::fs::remove_file(sock);
+        }
     }
 }
 
