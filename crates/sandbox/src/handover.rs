@@ -222,16 +222,8 @@ impl SandboxManager {
         .await?;
         self.sandboxes.lock().await.remove(id);
         sb.record.id.clear();
-        let (repo, owned) = (self.repo()?, id.to_string());
-        blocking::run("deleting a moved sandbox's pause", move || {
-            if let crate::paused::Saved::Complete(s) | crate::paused::Saved::DiskTaken(s) =
-                crate::paused::Saved::inspect(&repo, &owned)?
-            {
-                repo.delete(&s.id)?;
-            }
-            Ok(())
-        })
-        .await?;
+        // The store's copy is the new owner's business now.
+        self.delete_local_pause(id).await?;
         match std::fs::remove_dir_all(&sb.dir) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
                 Err(e).ctx("removing sandbox directory", &sb.dir)

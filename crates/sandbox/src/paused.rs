@@ -365,29 +365,30 @@ impl SandboxManager {
 
     /// Deletes sandbox `id`'s paused snapshot, if it has one.
     pub(crate) async fn delete_pause(&self, id: &str) {
-        let owned = id.to_string();
-        let deleted = match self.repo() {
-            Ok(repo) => {
-                blocking::run("deleting a paused snapshot", move || match Saved::inspect(
-                    &repo, &owned,
-                )? {
-                    Saved::Complete(s) | Saved::DiskTaken(s) => {
-                        repo.delete(&s.id)?;
-                        Ok(Some(s.id))
-                    }
-                    Saved::Missing => Ok(None),
-                })
-                .await
-            }
-            Err(e) => Err(e),
-        };
-        match deleted {
+        match self.delete_local_pause(id).await {
             Ok(Some(snapshot)) => self.unshare_pause(id, &snapshot),
             Ok(None) => {}
             Err(e) => {
                 tracing::warn!(sandbox = %id, "deleting its paused snapshot: {e}; `siesta repo check` lists it")
             }
         }
+    }
+
+    /// Deletes sandbox `id`'s paused snapshot from this node's repository
+    /// only; returns its id, if it had one.
+    pub(crate) async fn delete_local_pause(&self, id: &str) -> Result<Option<String>> {
+        let (repo, owned) = (self.repo()?, id.to_string());
+        blocking::run(
+            "deleting a paused snapshot",
+            move || match Saved::inspect(&repo, &owned)? {
+                Saved::Complete(s) | Saved::DiskTaken(s) => {
+                    repo.delete(&s.id)?;
+                    Ok(Some(s.id))
+                }
+                Saved::Missing => Ok(None),
+            },
+        )
+        .await
     }
 }
 
