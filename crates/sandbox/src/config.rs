@@ -83,6 +83,10 @@ pub struct NodeConfig {
     /// (`SIESTA_STEP_CACHE_MIB`, default 16384); the least recently used
     /// layers go first.
     pub step_cache_mib: u64,
+    /// Most MiB the templates and snapshots fetched from the object store
+    /// take locally (`SIESTA_FETCH_CACHE_MIB`, default 20480); the least
+    /// recently used ones nothing needs go first (`fetch_cache.rs`).
+    pub fetch_cache_mib: u64,
     /// Where sandbox directories go instead of `$SIESTA_HOME/sandboxes`:
     /// set for a manager that is not the server (`siesta bench` uses
     /// `$SIESTA_HOME/ephemeral/<tag>-<pid>`), which a server starting
@@ -118,6 +122,7 @@ impl NodeConfig {
             policy_skip: true,
             insecure_registries: Vec::new(),
             step_cache_mib: 16 << 10,
+            fetch_cache_mib: 20 << 10,
             sandbox_root: None,
             egress_dns: None,
         }
@@ -170,6 +175,11 @@ impl NodeConfig {
             config.step_cache_mib = mib
                 .parse()
                 .map_err(|e| format!("SIESTA_STEP_CACHE_MIB={mib:?}: {e}"))?;
+        }
+        if let Ok(mib) = std::env::var("SIESTA_FETCH_CACHE_MIB") {
+            config.fetch_cache_mib = mib
+                .parse()
+                .map_err(|e| format!("SIESTA_FETCH_CACHE_MIB={mib:?}: {e}"))?;
         }
         if let Some(on) = env_flag("SIESTA_PREALLOC")? {
             config.prealloc_memory = on;

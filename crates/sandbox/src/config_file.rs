@@ -64,6 +64,7 @@ pub struct NodeSection {
     pub policy_skip: Option<bool>,
     pub insecure_registries: Option<Vec<String>>,
     pub step_cache_mib: Option<u64>,
+    pub fetch_cache_mib: Option<u64>,
     pub egress_dns: Option<String>,
 }
 
@@ -130,6 +131,7 @@ impl ConfigFile {
         set(&mut config.policy_skip, &n.policy_skip);
         set(&mut config.insecure_registries, &n.insecure_registries);
         set(&mut config.step_cache_mib, &n.step_cache_mib);
+        set(&mut config.fetch_cache_mib, &n.fetch_cache_mib);
         if let Some(accel) = &n.accel {
             config.accel = accel.parse().map_err(|e| format!("node.accel: {e}"))?;
         }

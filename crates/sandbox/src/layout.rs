@@ -62,6 +62,12 @@ impl Layout {
     pub fn image_cache(&self) -> PathBuf {
         self.home.join("cache/oci")
     }
+    /// Markers of the snapshots fetched from the object store (their last
+    /// use), which `fetch_cache.rs` bounds.
+    pub fn fetched(&self) -> PathBuf {
+        self.home.join("cache/fetched")
+    }
+
     /// Template builds' step cache: the disk after each step.
     pub fn step_cache(&self) -> PathBuf {
         self.home.join("cache/steps")

@@ -12,6 +12,7 @@ pub mod config_file;
 pub mod console;
 pub mod envd;
 pub mod error;
+pub mod fetch_cache;
 pub mod handover;
 pub mod idempotent;
 pub mod ids;

@@ -70,7 +70,7 @@ enum Source {
 
 pub struct SandboxManager {
     pub(crate) node: Arc<Node>,
-    pool: Arc<VmmPool>,
+    pub(crate) pool: Arc<VmmPool>,
     pub(crate) store: Arc<Store>,
     pub(crate) sandboxes: Mutex<HashMap<String, Entry>>,
     /// False for [`SandboxManager::ephemeral`]: nothing outlives it, so
@@ -236,11 +236,17 @@ impl SandboxManager {
     async fn source(&self, name: &str) -> Result<Source> {
         for fetched in [false, true] {
             match Template::open(&self.node.config.layout(), name) {
-                Ok(t) => return Ok(Source::Template(Box::new(t))),
+                Ok(t) => {
+                    if let Some((id, _)) = t.shared_memory() {
+                        self.used_fetched(&id);
+                    }
+                    return Ok(Source::Template(Box::new(t)));
+                }
                 Err(Error::TemplateNotFound { .. }) => {}
                 Err(e) => return Err(e),
             }
             if let Some(snap) = self.find_snapshot(name)? {
+                self.used_fetched(&snap.id);
                 return Ok(Source::Snapshot(snap));
             }
             let Some(remote) = self.remote.get().filter(|_| !fetched) else {
@@ -249,6 +255,7 @@ impl SandboxManager {
             if remote.fetch(&self.repo()?, name).await?.is_none() {
                 break;
             }
+            self.prune_fetched_later().await;
         }
         Err(Error::TemplateNotFound {
             name: name.to_string(),
@@ -267,10 +274,41 @@ impl SandboxManager {
         match (Template::open(&layout, name), self.remote.get()) {
             (Err(Error::TemplateNotFound { .. }), Some(remote)) => {
                 remote.fetch_template(&self.repo()?, name).await?;
+                self.prune_fetched_later().await;
                 Template::open(&layout, name)
             }
-            (opened, _) => opened,
+            (opened, _) => {
+                if let Some((id, _)) = opened.as_ref().ok().and_then(Template::shared_memory) {
+                    self.used_fetched(&id);
+                }
+                opened
+            }
         }
+    }
+
+    /// The template sandbox `sb` runs on: the one it was resumed on while
+    /// it runs (and is still in the repository: a rebuild deletes the
+    /// build it replaced); for a paused one, the template its pause was
+    /// saved over, by id (what its name names may be another build, and a
+    /// template fetched by id has no name here); else the template of its
+    /// name.
+    pub(crate) async fn template_for(&self, sb: &Sandbox) -> Result<Template> {
+        let repo = self.repo()?;
+        if let Some(running) = &sb.running {
+            let id = running.template.snapshot.as_ref().map(|s| s.id.as_str());
+            if id.is_some_and(|id| repo.get(id).is_ok()) {
+                return Ok(running.template.clone());
+            }
+        }
+        let parent = crate::paused::for_resume(&repo, &sb.record.id)
+            .ok()
+            .and_then(|r| r.parent);
+        if let Some(parent) = parent {
+            if let Some(t) = Template::open_snapshot(&repo, &parent)? {
+                return Ok(t);
+            }
+        }
+        self.open_template(&sb.record.template).await
     }
 
     /// Records a freshly resumed sandbox and starts tracking it.
@@ -328,6 +366,17 @@ impl SandboxManager {
     /// template or snapshot not here fetches it from there first. Only the
     /// first call takes effect.
     pub fn set_remote(&self, remote: crate::remote_tier::RemoteTier) {
+        let remote = match remote.cache() {
+            Some(_) => remote,
+            None => {
+                let config = &self.node.config;
+                let cache = crate::fetch_cache::FetchCache::new(
+                    config.layout().fetched(),
+                    config.fetch_cache_mib << 20,
+                );
+                remote.with_cache(cache)
+            }
+        };
         let _ = self.remote.set(Arc::new(remote));
     }
 
@@ -718,6 +767,7 @@ pub(crate) fn running(r: Resumed) -> Running {
         run_dir: r.run_dir,
         agent_addr,
         timings: r.timings,
+        template: r.template,
     }
 }
 

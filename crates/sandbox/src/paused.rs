@@ -190,7 +190,7 @@ impl SandboxManager {
         let state_path = sb.state_path();
         let disk = sb.disk_path();
         let token = sb.record.access_token.clone();
-        let template = Template::open(&self.node.config.layout(), &sb.record.template)?;
+        let template = self.template_for(sb).await?;
         let repo = self.repo()?;
         let Some(running) = sb.running.as_mut() else {
             return Err(wrong_state(sb, "running"));
@@ -309,7 +309,7 @@ impl SandboxManager {
         self.check_open()?;
         let timeout = deadline(timeout_secs)?;
         let id = sb.record.id.clone();
-        let template = Template::open(&self.node.config.layout(), &sb.record.template)?;
+        let template = self.template_for(sb).await?;
         self.node.check_template(&template).await?;
         let repo = self.repo()?;
         // The pause's VMM holds the disk's image lock until it exits.

@@ -286,6 +286,22 @@ impl VmmPool {
         }
     }
 
+    /// Stops the VMMs waiting for template snapshot `id` (deleted locally:
+    /// they map its deleted files); a later create refills the pool.
+    pub async fn discard_snapshot(&self, id: &str) {
+        let mut gone = Vec::new();
+        for waiting in self.ready.lock().await.values_mut() {
+            let (stale, keep) = std::mem::take(waiting)
+                .into_iter()
+                .partition(|e| e.build == id);
+            *waiting = keep;
+            gone.extend::<Vec<PooledVm>>(stale);
+        }
+        for entry in gone {
+            self.discard(entry).await;
+        }
+    }
+
     async fn discard(&self, mut entry: PooledVm) {
         let _ = entry.vm.shutdown().await;
         self.node.release_slot(entry.slot).await;

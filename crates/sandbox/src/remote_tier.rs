@@ -3,10 +3,12 @@
 //! repository the first time a create names it, then resumed as a local
 //! one (and stays local: the next create is an ordinary resume).
 //!
-//! This first version waits for the whole snapshot (memory, state, disk,
-//! startup manifest), every file checked against its SHA-256 before it is
+//! A create waits for the whole snapshot (memory, state, disk, startup
+//! manifest), every file checked against its SHA-256 before it is
 //! installed; resuming before the memory file is whole needs lazy paging
-//! (userfaultfd), a later step.
+//! (userfaultfd or FUSE), not built. Fetched templates and user snapshots
+//! are a cache under a size bound ([`FetchCache`]): the least recently used
+//! ones nothing needs are deleted locally and fetched again when named.
 
 use std::time::Instant;
 
@@ -14,6 +16,7 @@ use siesta_snapshot::remote::{RemoteError, RemoteRepo};
 use siesta_snapshot::{RepoError, Repository, SnapshotRecord};
 use tokio::sync::Mutex;
 
+use crate::fetch_cache::FetchCache;
 use crate::{Error, Result};
 
 /// The node's view of the shared object store.
@@ -22,6 +25,8 @@ pub struct RemoteTier {
     /// Fetches run one at a time: two creates of one missing template
     /// fetch it once (the second finds it local).
     fetching: Mutex<()>,
+    /// Where fetched snapshots are marked (none: kept without bound).
+    cache: Option<FetchCache>,
 }
 
 /// What a create's template name can be in the object store: the alias of
@@ -39,7 +44,18 @@ impl RemoteTier {
         Self {
             remote,
             fetching: Mutex::new(()),
+            cache: None,
         }
+    }
+
+    /// Marks what this tier fetches in `cache`, which bounds it.
+    pub fn with_cache(mut self, cache: FetchCache) -> Self {
+        self.cache = Some(cache);
+        self
+    }
+
+    pub fn cache(&self) -> Option<&FetchCache> {
+        self.cache.as_ref()
     }
 
     /// Fetches what a create's `name` names (a template, a snapshot id or
@@ -99,6 +115,9 @@ impl RemoteTier {
             };
             if is_alias {
                 set_local_alias(repo, candidate, &record.id).await?;
+            }
+            if let Some(cache) = self.cache.as_ref().filter(|_| FetchCache::keeps(&record)) {
+                cache.mark(&record.id)?;
             }
             tracing::info!(
                 name,

@@ -55,6 +55,8 @@ pub struct Resumed {
     pub exports: Exports,
     pub run_dir: PathBuf,
     pub timings: StageTimings,
+    /// The template it runs on (whose memory its VMM maps).
+    pub template: Template,
 }
 
 /// What the guest is told at `/init`, and how it may reach the outside.
@@ -109,7 +111,12 @@ pub async fn from_template(
         return Err(guard.fail(e).await);
     }
     let state = template.state_path();
-    finish(node, clock, &state, params, guard, dir, prefetch).await
+    let target = Target {
+        state: &state,
+        dir,
+        template,
+    };
+    finish(node, clock, target, params, guard, prefetch).await
 }
 
 /// A saved VM state and the memory blob it was saved over.
@@ -167,29 +174,33 @@ pub async fn from_saved(
     };
     // A failed resume of a paused sandbox keeps its disk and saved state.
     let guard = Cleanup::new(node, id.to_string(), vm, slot, run_dir);
-    finish(
-        node,
-        clock,
-        &state,
-        params,
-        guard,
-        dir.to_path_buf(),
-        prefetch,
-    )
-    .await
+    let target = Target {
+        state: &state,
+        dir: dir.to_path_buf(),
+        template,
+    };
+    finish(node, clock, target, params, guard, prefetch).await
+}
+
+/// What a resume loads (`state`), where the sandbox lives (`dir`) and the
+/// template it runs on.
+struct Target<'a> {
+    state: &'a Path,
+    dir: PathBuf,
+    template: &'a Template,
 }
 
 /// The stages both paths share: policy, load, resume, health, init.
 async fn finish(
     node: &Arc<Node>,
     mut clock: StageClock,
-    state: &Path,
+    target: Target<'_>,
     params: &ResumeParams,
     mut guard: Cleanup<'_>,
-    dir: PathBuf,
     prefetch: Option<siesta_snapshot::PrefetchHandle>,
 ) -> Result<Resumed> {
     let id = guard.id.clone();
+    let state = target.state;
     if let Err(e) = prepare_slot(&mut clock, &mut guard, params).await {
         return Err(guard.fail(e).await);
     }
@@ -209,7 +220,7 @@ async fn finish(
     if let Err(e) = ready {
         return Err(guard.fail(e).await);
     }
-    Ok(done(guard, clock, dir))
+    Ok(done(guard, clock, target.dir, target.template))
 }
 
 /// Boots sandbox `id` afresh from the disk in `dir` (after a
@@ -255,7 +266,7 @@ pub async fn cold_boot(
     if let Err(e) = initialise(node, &mut clock, &guard, &fresh).await {
         return Err(guard.fail(e).await);
     }
-    Ok(done(guard, clock, dir.to_path_buf()))
+    Ok(done(guard, clock, dir.to_path_buf(), template))
 }
 
 /// The slot's egress policy, then the volumes' exports (served before the
@@ -300,7 +311,7 @@ async fn initialise(
 }
 
 /// The resumed VM, handed over by its guard.
-fn done(mut guard: Cleanup<'_>, clock: StageClock, dir: PathBuf) -> Resumed {
+fn done(mut guard: Cleanup<'_>, clock: StageClock, dir: PathBuf, template: &Template) -> Resumed {
     let id = guard.id.clone();
     let timings = clock.finish();
     tracing::info!(sandbox = %id, "resumed: {}", timings.summary());
@@ -315,6 +326,7 @@ fn done(mut guard: Cleanup<'_>, clock: StageClock, dir: PathBuf) -> Resumed {
         exports,
         run_dir,
         timings,
+        template: template.clone(),
     }
 }
 

@@ -181,6 +181,10 @@ pub struct Running {
     pub run_dir: PathBuf,
     pub agent_addr: SocketAddr,
     pub timings: StageTimings,
+    /// The template it was resumed on: its pause and snapshots are taken
+    /// over this one (its memory is what the VMM maps), whatever the
+    /// template's name names by then.
+    pub template: crate::template::Template,
 }
 
 /// A sandbox as the manager holds it.

@@ -115,7 +115,7 @@ impl SandboxManager {
     /// then lets it run on.
     async fn capture(&self, id: &str, memory: bool) -> Result<Capture> {
         let mut sb = self.lock(id).await?;
-        let template = Template::open(&self.node.config.layout(), &sb.record.template)?;
+        let template = self.template_for(&sb).await?;
         let scratch = self
             .node
             .config
@@ -320,10 +320,12 @@ impl SandboxManager {
         };
         let repo = self.repo()?;
         if let Some(t) = Template::open_snapshot(&repo, parent)? {
+            self.used_fetched(parent);
             return Ok(t);
         }
         if let Some(remote) = self.remote() {
             remote.fetch_id(&repo, parent).await?;
+            self.prune_fetched_later().await;
             if let Some(t) = Template::open_snapshot(&repo, parent)? {
                 return Ok(t);
             }

@@ -11,6 +11,9 @@
 //!   that name: the snapshot and the template it was taken over (by id)
 //!   are fetched, its disk is re-pointed at C's copy of the template disk,
 //!   and the file is there; C deletes it, and it is gone from the store;
+//! - C's fetched snapshots under a bound of 0: what its paused sandbox
+//!   needs stays, the rest is deleted locally, and fetched again by the
+//!   next create that names it;
 //! - a name in neither place is `TemplateNotFound`; an unreachable store
 //!   is a `Remote` error naming what was asked for, and installs nothing.
 //!
@@ -126,7 +129,7 @@ async fn a_node_creates_from_what_only_the_object_store_has() {
             .id;
         let note = exec_ok(&m, &child, "cat /home/user/note").await;
         assert_eq!(note.trim(), "kept-in-the-store");
-        m.kill(&child).await.unwrap();
+        evicted_and_fetched_again(&m, &child).await;
         let id = m.delete_snapshot("stored").unwrap().expect("C has it now");
         m.unshare_snapshot(&id).await;
         assert!(
@@ -137,6 +140,45 @@ async fn a_node_creates_from_what_only_the_object_store_has() {
     })
     .await;
     no_sandbox_dirs(c.path());
+}
+
+/// Node C's fetched snapshots (`stored` and `base`) under a bound of 0:
+/// what its paused sandbox needs stays (`base`, its pause's parent), the
+/// rest goes; with the sandbox gone `base` goes too; a create fetches both
+/// again. `child` is running on entry and killed on return.
+async fn evicted_and_fetched_again(m: &SandboxManager, child: &str) {
+    use std::time::Duration;
+    let repo = Repository::open(m.node().config.layout().repo()).unwrap();
+    let stored = repo.resolve("snapshot:stored").unwrap();
+    let (stored, base) = (stored.id, stored.parent.expect("taken over base"));
+    m.pause(child).await.expect("pause");
+    let ids = |ev: Vec<siesta_sandbox::fetch_cache::Evicted>| -> Vec<String> {
+        ev.into_iter().map(|e| e.id).collect()
+    };
+    let evicted = m.prune_fetched(Some(0), Duration::ZERO).await.unwrap();
+    assert_eq!(
+        ids(evicted),
+        vec![stored.clone()],
+        "only what nothing needs"
+    );
+    assert!(repo.resolve("snapshot:stored").is_err(), "alias left");
+    let kept = m.prune_fetched(None, Duration::ZERO).await.unwrap();
+    assert!(kept.is_empty(), "within the configured bound");
+    m.connect(child, None)
+        .await
+        .expect("the paused sandbox resumes");
+    let note = exec_ok(m, child, "cat /home/user/note").await;
+    assert_eq!(note.trim(), "kept-in-the-store");
+    m.kill(child).await.unwrap();
+    let evicted = m.prune_fetched(Some(0), Duration::ZERO).await.unwrap();
+    assert_eq!(ids(evicted), vec![base.clone()]);
+    assert!(repo.get(&base).is_err() && repo.get(&stored).is_err());
+    assert!(repo.check().unwrap().issues.is_empty(), "repository clean");
+    let again = m.create(create("stored")).await.expect("fetched again").id;
+    let note = exec_ok(m, &again, "cat /home/user/note").await;
+    assert_eq!(note.trim(), "kept-in-the-store");
+    repo.get(&base).expect("its template fetched again");
+    m.kill(&again).await.unwrap();
 }
 
 fn no_sandbox_dirs(home: &Path) {

@@ -67,6 +67,28 @@ fn publish_resolve_share_and_delete() {
 }
 
 #[test]
+fn an_evicted_copy_can_come_back_a_deleted_one_cannot() {
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = Repository::open(tmp.path().join("repo")).unwrap();
+    let (mem, state) = sources(tmp.path(), "e", 4);
+    let first = repo.publish(request("e", &mem, &state)).unwrap();
+    repo.evict("e").unwrap();
+    assert!(matches!(repo.get("e"), Err(RepoError::NotFound(_))));
+    assert!(repo.alias_target("template:e").unwrap().is_none());
+    assert!(matches!(repo.evict("e"), Err(RepoError::NotFound(_))));
+    // Fetched again (here: published again under the same id).
+    let again = repo.publish(request("e", &mem, &state)).unwrap();
+    assert_eq!(again.files, first.files);
+    assert_eq!(repo.resolve("template:e").unwrap().id, "e");
+    repo.delete("e").unwrap();
+    assert!(matches!(
+        repo.publish(request("e", &mem, &state)),
+        Err(RepoError::Deleted { .. })
+    ));
+    assert!(repo.check().unwrap().is_clean());
+}
+
+#[test]
 fn publication_racing_deletion_never_resurrects() {
     let tmp = tempfile::tempdir().unwrap();
     let (reached_tx, reached_rx) = mpsc::channel();

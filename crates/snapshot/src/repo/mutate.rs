@@ -59,6 +59,27 @@ impl Repository {
         Ok(())
     }
 
+    /// Deletes snapshot `id` as [`Repository::delete`] does, then lets the
+    /// id be imported again: for the local copy of a snapshot that lives
+    /// elsewhere too (the object store), evicted from this node's cache.
+    /// The tombstone stands until the snapshot is gone, so a publication of
+    /// the id racing the eviction still gives up, and it stays where the
+    /// deletion was left half done (`repair` finishes it).
+    pub fn evict(&self, id: &str) -> Result<(), RepoError> {
+        self.delete(id)?;
+        let _gate = RepoGate::shared(&self.dir("locks"))?;
+        let _lock = RecordLock::acquire(&self.dir("locks"), id, LOCK_WAIT)?;
+        if self.snapshot_dir(id).exists() || !self.staging_of(id)?.is_empty() {
+            return Ok(());
+        }
+        let tomb = self.tombstone(id);
+        match std::fs::remove_file(&tomb) {
+            Ok(()) => sync_dir(&self.dir("tombstones")),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(io("removing tombstone", &tomb)(e)),
+        }
+    }
+
     /// Stores `manifest` beside snapshot `id` and attaches its descriptor to
     /// the record, under the record lock. Fails with `Deleted` when the
     /// snapshot was deleted (or replaced: `generation` differs) since the
