@@ -109,7 +109,8 @@ class Weed:
         deadline = time.monotonic() + 60
         while True:
             out = subprocess.run(
-                [str(WEED), "shell", f"-master=127.0.0.1:{master}"],
+                # Its log goes to the server's directory, not /tmp.
+                [str(WEED), f"-logdir={d / 'logs'}", "shell", f"-master=127.0.0.1:{master}"],
                 input=f"s3.bucket.create -name {BUCKET}\n", capture_output=True, text=True,
                 timeout=30, check=False,
             ).stdout

@@ -116,7 +116,10 @@ impl Weed {
     fn create_bucket(&self, bin: &Path) {
         let start = Instant::now();
         loop {
+            // Its log goes to the server's directory, not /tmp.
+            let logs = self._dir.path().join("logs");
             let mut shell = Command::new(bin)
+                .arg(format!("-logdir={}", logs.display()))
                 .arg("shell")
                 .arg(format!("-master=127.0.0.1:{}", self.port + 10))
                 .stdin(Stdio::piped())
