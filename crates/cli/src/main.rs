@@ -79,8 +79,11 @@ fn init_logs(default_level: &str) {
             ConfigFile::load(&home).is_ok_and(|f| f.server.log_format == Some(LogFormat::Json))
         }
     };
-    let filter = tracing_subscriber::EnvFilter::try_from_env("SIESTA_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SIESTA_LOG").unwrap_or_else(|_| {
+        // The lazy-fetch mount is detached before its FUSE session
+        // ends, whose own unmount then fails harmlessly (EINVAL).
+        tracing_subscriber::EnvFilter::new(format!("{default_level},fuser::mnt=error"))
+    });
     let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);

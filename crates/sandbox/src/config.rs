@@ -87,6 +87,9 @@ pub struct NodeConfig {
     /// take locally (`SIESTA_FETCH_CACHE_MIB`, default 20480); the least
     /// recently used ones nothing needs go first (`fetch_cache.rs`).
     pub fetch_cache_mib: u64,
+    /// Serve a template fetched from the object store before it is whole
+    /// (`SIESTA_LAZY_FETCH=0|1`, default on; `lazy/`).
+    pub lazy_fetch: bool,
     /// Where sandbox directories go instead of `$SIESTA_HOME/sandboxes`:
     /// set for a manager that is not the server (`siesta bench` uses
     /// `$SIESTA_HOME/ephemeral/<tag>-<pid>`), which a server starting
@@ -123,6 +126,7 @@ impl NodeConfig {
             insecure_registries: Vec::new(),
             step_cache_mib: 16 << 10,
             fetch_cache_mib: 20 << 10,
+            lazy_fetch: true,
             sandbox_root: None,
             egress_dns: None,
         }
@@ -180,6 +184,9 @@ impl NodeConfig {
             config.fetch_cache_mib = mib
                 .parse()
                 .map_err(|e| format!("SIESTA_FETCH_CACHE_MIB={mib:?}: {e}"))?;
+        }
+        if let Some(on) = env_flag("SIESTA_LAZY_FETCH")? {
+            config.lazy_fetch = on;
         }
         if let Some(on) = env_flag("SIESTA_PREALLOC")? {
             config.prealloc_memory = on;

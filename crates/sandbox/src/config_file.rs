@@ -65,6 +65,7 @@ pub struct NodeSection {
     pub insecure_registries: Option<Vec<String>>,
     pub step_cache_mib: Option<u64>,
     pub fetch_cache_mib: Option<u64>,
+    pub lazy_fetch: Option<bool>,
     pub egress_dns: Option<String>,
 }
 
@@ -132,6 +133,7 @@ impl ConfigFile {
         set(&mut config.insecure_registries, &n.insecure_registries);
         set(&mut config.step_cache_mib, &n.step_cache_mib);
         set(&mut config.fetch_cache_mib, &n.fetch_cache_mib);
+        set(&mut config.lazy_fetch, &n.lazy_fetch);
         if let Some(accel) = &n.accel {
             config.accel = accel.parse().map_err(|e| format!("node.accel: {e}"))?;
         }

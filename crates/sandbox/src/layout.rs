@@ -68,6 +68,11 @@ impl Layout {
         self.home.join("cache/fetched")
     }
 
+    /// The lazy-fetch FUSE mount and its small files (`lazy/`).
+    pub fn lazy(&self) -> PathBuf {
+        self.home.join("lazy")
+    }
+
     /// Template builds' step cache: the disk after each step.
     pub fn step_cache(&self) -> PathBuf {
         self.home.join("cache/steps")

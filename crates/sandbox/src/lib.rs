@@ -17,6 +17,7 @@ pub mod handover;
 pub mod idempotent;
 pub mod ids;
 pub mod layout;
+pub mod lazy;
 mod lifecycle;
 pub mod manager;
 pub mod memory_prefetch;

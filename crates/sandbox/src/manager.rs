@@ -252,6 +252,11 @@ impl SandboxManager {
             let Some(remote) = self.remote.get().filter(|_| !fetched) else {
                 break;
             };
+            if let Some(t) = remote.serve_template(&self.repo()?, name).await? {
+                self.trust_when_imported(&t);
+                self.prune_fetched_later().await;
+                return Ok(Source::Template(Box::new(t)));
+            }
             if remote.fetch(&self.repo()?, name).await?.is_none() {
                 break;
             }
@@ -262,7 +267,8 @@ impl SandboxManager {
         })
     }
 
-    pub(crate) fn remote(&self) -> Option<&Arc<crate::remote_tier::RemoteTier>> {
+    /// The object-store tier, if one is configured.
+    pub fn remote(&self) -> Option<&Arc<crate::remote_tier::RemoteTier>> {
         self.remote.get()
     }
 
@@ -366,16 +372,24 @@ impl SandboxManager {
     /// template or snapshot not here fetches it from there first. Only the
     /// first call takes effect.
     pub fn set_remote(&self, remote: crate::remote_tier::RemoteTier) {
+        let config = &self.node.config;
         let remote = match remote.cache() {
             Some(_) => remote,
-            None => {
-                let config = &self.node.config;
-                let cache = crate::fetch_cache::FetchCache::new(
-                    config.layout().fetched(),
-                    config.fetch_cache_mib << 20,
-                );
-                remote.with_cache(cache)
-            }
+            None => remote.with_cache(crate::fetch_cache::FetchCache::new(
+                config.layout().fetched(),
+                config.fetch_cache_mib << 20,
+            )),
+        };
+        let remote = match remote.lazy() {
+            Some(_) => remote,
+            None if !config.lazy_fetch => remote,
+            None => match crate::lazy::LazyTier::mount(&config.layout().lazy()) {
+                Ok(lazy) => remote.with_lazy(lazy),
+                Err(e) => {
+                    tracing::warn!("templates from the object store are fetched whole: {e}");
+                    remote
+                }
+            },
         };
         let _ = self.remote.set(Arc::new(remote));
     }
@@ -676,6 +690,9 @@ impl SandboxManager {
         });
         futures::future::join_all(stops).await;
         self.pool.drain().await;
+        if let Some(lazy) = self.remote().and_then(|r| r.lazy()) {
+            lazy.detach();
+        }
     }
 
     /// Test hook: forgets every running VM and slot without stopping them,
@@ -829,6 +846,7 @@ impl SandboxManager {
             egress: record.egress.clone(),
             mounts: record.volume_mounts.clone(),
             volumes: self.volumes.clone(),
+            disk_backing: None,
         }
     }
 }

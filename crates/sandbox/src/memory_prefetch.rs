@@ -52,7 +52,9 @@ impl MemoryPrefetch {
     /// Starts (or joins) the prefetch of `template`'s manifest; `None` when
     /// off or when there is nothing valid to prefetch.
     pub fn start(&self, repo: &std::path::Path, template: &Template) -> Option<PrefetchHandle> {
-        if !self.enabled() {
+        if !self.enabled() || template.lazy {
+            // A lazily served template's fill fetches the manifest's
+            // chunks first by itself.
             return None;
         }
         let record = template.snapshot.as_ref()?;
@@ -201,6 +203,7 @@ mod tests {
             state,
             disk: dir.join("disk.img"),
             snapshot: Some(snap),
+            lazy: false,
         }
     }
 

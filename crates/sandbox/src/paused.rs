@@ -191,6 +191,7 @@ impl SandboxManager {
         let disk = sb.disk_path();
         let token = sb.record.access_token.clone();
         let template = self.template_for(sb).await?;
+        self.wait_served(&template).await?;
         let repo = self.repo()?;
         let Some(running) = sb.running.as_mut() else {
             return Err(wrong_state(sb, "running"));
@@ -329,7 +330,8 @@ impl SandboxManager {
             r.take_file(&from, DISK, &to)
         })
         .await?;
-        let params = self.resume_params(&sb.record);
+        let mut params = self.resume_params(&sb.record);
+        params.disk_backing = self.lazy_backing(&disk, &template).await?;
         let resumed = match saved {
             Some(saved) => {
                 resume::from_saved(&self.node, &template, &id, &sb.dir, saved, &params).await
@@ -361,6 +363,22 @@ impl SandboxManager {
         }
         self.unshare_pause(&id, &snapshot.id);
         Ok(())
+    }
+
+    /// For a disk made while its template was served lazily (its backing
+    /// file is a FUSE file under `lazy/`, gone after a restart): the
+    /// template's disk in the repository, the same bytes, to open instead.
+    /// The pause waited for the template to be imported.
+    async fn lazy_backing(&self, disk: &Path, template: &Template) -> Result<Option<PathBuf>> {
+        let lazy = self.node.config.layout().lazy();
+        let disk = disk.to_path_buf();
+        let backing = blocking::run("reading a disk's backing file", move || {
+            crate::rootfs::backing_file(&disk)
+        })
+        .await?;
+        Ok(backing
+            .filter(|b| b.starts_with(&lazy))
+            .map(|_| template.disk_path()))
     }
 
     /// Deletes sandbox `id`'s paused snapshot, if it has one.

@@ -342,6 +342,7 @@ pub(crate) fn incoming_spec(
             path: disk,
             format: DiskFormat::Qcow2,
             read_only: false,
+            backing: None,
         }),
         net: Some(node.net_spec(slot)),
         mode: LaunchMode::Incoming,

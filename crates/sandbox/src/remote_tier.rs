@@ -3,12 +3,13 @@
 //! repository the first time a create names it, then resumed as a local
 //! one (and stays local: the next create is an ordinary resume).
 //!
-//! A create waits for the whole snapshot (memory, state, disk, startup
-//! manifest), every file checked against its SHA-256 before it is
-//! installed; resuming before the memory file is whole needs lazy paging
-//! (userfaultfd or FUSE), not built. Fetched templates and user snapshots
-//! are a cache under a size bound ([`FetchCache`]): the least recently used
-//! ones nothing needs are deleted locally and fetched again when named.
+//! A template is served lazily where the node mounted its FUSE file system
+//! ([`LazyTier`]): the create resumes before its memory and disk are whole.
+//! Everything else (user snapshots, their templates, pauses taken over)
+//! is fetched whole, every file checked against its SHA-256 before it is
+//! installed. Fetched templates and user snapshots are a cache under a
+//! size bound ([`FetchCache`]): the least recently used ones nothing needs
+//! are deleted locally and fetched again when named.
 
 use std::time::Instant;
 
@@ -17,6 +18,8 @@ use siesta_snapshot::{RepoError, Repository, SnapshotRecord};
 use tokio::sync::Mutex;
 
 use crate::fetch_cache::FetchCache;
+use crate::lazy::LazyTier;
+use crate::template::Template;
 use crate::{Error, Result};
 
 /// The node's view of the shared object store.
@@ -27,6 +30,8 @@ pub struct RemoteTier {
     fetching: Mutex<()>,
     /// Where fetched snapshots are marked (none: kept without bound).
     cache: Option<FetchCache>,
+    /// Serves templates before they are whole (none: fetched whole).
+    lazy: Option<LazyTier>,
 }
 
 /// What a create's template name can be in the object store: the alias of
@@ -45,6 +50,63 @@ impl RemoteTier {
             remote,
             fetching: Mutex::new(()),
             cache: None,
+            lazy: None,
+        }
+    }
+
+    /// Serves templates through `lazy` before they are whole.
+    pub fn with_lazy(mut self, lazy: LazyTier) -> Self {
+        self.lazy = Some(lazy);
+        self
+    }
+
+    pub fn lazy(&self) -> Option<&LazyTier> {
+        self.lazy.as_ref()
+    }
+
+    /// Template `name` from the store, served before it is whole: `None`
+    /// when this tier serves nothing lazily, the store has no template of
+    /// that name, or the node has it already (the caller opens it).
+    pub async fn serve_template(&self, repo: &Repository, name: &str) -> Result<Option<Template>> {
+        let Some(lazy) = &self.lazy else {
+            return Ok(None);
+        };
+        let _one_at_a_time = self.fetching.lock().await;
+        let alias = crate::template::alias(name);
+        if local_alias(repo, &alias).await?.is_some() {
+            return Ok(None);
+        }
+        let id = match self.remote.alias_target(&alias).await {
+            Ok(id) => id,
+            Err(RemoteError::NotFound(_)) => return Ok(None),
+            Err(e) => return Err(remote_err(name, e)),
+        };
+        if repo.get(&id).is_ok() {
+            // Fetched by id before (a user snapshot's template): named now.
+            set_local_alias(repo, &alias, &id).await?;
+            return Ok(None);
+        }
+        let (repo2, cache) = (repo.clone(), self.cache.clone());
+        let on_imported: crate::lazy::OnImported = Box::new(move |record| {
+            repo2.set_alias(&alias, &record.id)?;
+            match cache {
+                Some(cache) => cache.mark(&record.id),
+                None => Ok(()),
+            }
+        });
+        let view = lazy.open(&self.remote, repo, &id, on_imported).await?;
+        Ok(view.map(|v| {
+            tracing::info!(name, snapshot = %id, "serving a template from the object store before it is whole");
+            v.template.clone()
+        }))
+    }
+
+    /// Waits until template snapshot `id`, if it is being served lazily,
+    /// is whole and in the repository.
+    pub async fn wait_imported(&self, id: &str) -> Result<()> {
+        match &self.lazy {
+            Some(lazy) => lazy.wait_imported(id).await,
+            None => Ok(()),
         }
     }
 
@@ -104,6 +166,10 @@ impl RemoteTier {
             } else {
                 candidate.clone()
             };
+            if self.lazy.as_ref().and_then(|l| l.view(&id)).is_some() {
+                // Being served lazily: its fill imports it.
+                self.wait_imported(&id).await?;
+            }
             let started = Instant::now();
             let record = match self.remote.pull(repo, &id).await {
                 Ok(r) => r,

@@ -72,6 +72,9 @@ pub struct ResumeParams {
     /// told to mount them in `init`).
     pub mounts: Vec<VolumeMount>,
     pub volumes: Option<Arc<Volumes>>,
+    /// Opened as the disk overlay's backing file instead of the path its
+    /// header names (see [`siesta_vmm::DiskSpec::backing`]).
+    pub disk_backing: Option<PathBuf>,
 }
 
 /// Resumes a new sandbox from `template`. The sandbox takes the id and
@@ -160,6 +163,9 @@ pub async fn from_saved(
         return Err(e);
     }
     let mut spec = incoming_spec(node, template, id, run_dir.clone(), disk, &slot);
+    if let Some(d) = spec.disk.as_mut() {
+        d.backing.clone_from(&params.disk_backing);
+    }
     // The blob the state was saved over (see `memory_save`).
     spec.memory.path = memory;
     let spawned = clock
@@ -251,6 +257,9 @@ pub async fn cold_boot(
     );
     // Its own RAM, zero at boot: private, so a later pause saves it.
     spec.memory.shared = false;
+    if let Some(d) = spec.disk.as_mut() {
+        d.backing.clone_from(&params.disk_backing);
+    }
     let ((vm, slot), _) = clock
         .time(Stage::ColdBoot, boot_until_healthy(node, spec))
         .await?;

@@ -35,6 +35,38 @@ pub async fn rebase_onto(overlay: &Path, base: &Path) -> Result<()> {
     qemu_img(cmd, &format!("qemu-img rebase {}", overlay.display())).await
 }
 
+/// The backing file qcow2 `overlay` names in its header, if any.
+pub fn backing_file(overlay: &Path) -> Result<Option<std::path::PathBuf>> {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::FileExt;
+    let ctx = |source| Error::Io {
+        what: "reading the header of",
+        path: overlay.to_path_buf(),
+        source,
+    };
+    let file = std::fs::File::open(overlay).map_err(ctx)?;
+    let mut header = [0u8; 20];
+    file.read_exact_at(&mut header, 0).map_err(ctx)?;
+    let bad = |detail: &str| Error::CorruptSnapshot {
+        path: overlay.to_path_buf(),
+        detail: detail.to_string(),
+    };
+    if header[..4] != *b"QFI\xfb" {
+        return Err(bad("not a qcow2 image"));
+    }
+    let offset = u64::from_be_bytes(header[8..16].try_into().unwrap_or_default());
+    let len = u32::from_be_bytes(header[16..20].try_into().unwrap_or_default());
+    if offset == 0 || len == 0 {
+        return Ok(None);
+    }
+    if len > 4096 {
+        return Err(bad("its backing file name is over 4 KiB"));
+    }
+    let mut name = vec![0u8; len as usize];
+    file.read_exact_at(&mut name, offset).map_err(ctx)?;
+    Ok(Some(std::ffi::OsStr::from_bytes(&name).into()))
+}
+
 /// Writes the disk that `top` (an image in `format`, with its backing
 /// chain) presents as one sparse raw image at `raw`.
 pub async fn flatten(top: &Path, format: DiskFormat, raw: &Path) -> Result<()> {

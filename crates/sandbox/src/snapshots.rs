@@ -116,6 +116,7 @@ impl SandboxManager {
     async fn capture(&self, id: &str, memory: bool) -> Result<Capture> {
         let mut sb = self.lock(id).await?;
         let template = self.template_for(&sb).await?;
+        self.wait_served(&template).await?;
         let scratch = self
             .node
             .config

@@ -29,6 +29,7 @@ mod weed;
 
 use common::{assets_dir, can_run_vms, exec_ok, netns_names, new_namespaces, node_config};
 use futures::FutureExt;
+use siesta_sandbox::lazy::LazyTier;
 use siesta_sandbox::remote_tier::RemoteTier;
 use siesta_sandbox::template::{build_template, BuildOptions};
 use siesta_sandbox::{CreateRequest, Error, Node, SandboxManager};
@@ -109,9 +110,12 @@ async fn a_node_creates_from_what_only_the_object_store_has() {
     assert!(repo_b.resolve("template:base").is_err(), "B starts empty");
     let config = weed.config();
     let store = remote.clone();
+    let lazy_root = b.path().join("lazy");
     with_node(b.path(), 'b', |node, m| async move {
-        m.set_remote(RemoteTier::new(store.clone()));
-        from_the_store(&m, &repo_b, &base_id).await;
+        let (fill, gate) = tokio::sync::watch::channel(false);
+        let lazy = LazyTier::mount(&lazy_root).expect("FUSE mount");
+        m.set_remote(RemoteTier::new(store.clone()).with_lazy(lazy.with_fill_gate(gate)));
+        from_the_store(&m, &repo_b, &base_id, fill).await;
         snapshot_shared(&m, &store).await;
         unreachable_store(&node, &repo_b, &config).await;
     })
@@ -188,8 +192,16 @@ fn no_sandbox_dirs(home: &Path) {
     assert_eq!(dirs, 0, "sandbox directories left behind");
 }
 
-/// `base` fetched on the first create, local on the second.
-async fn from_the_store(m: &SandboxManager, repo_b: &Repository, base_id: &str) {
+/// `base` served lazily on the first create (its background fill held:
+/// the sandbox runs on what it touched), imported once the fill runs; a
+/// pause waits for that, and the paused sandbox resumes over the imported
+/// disk once the FUSE paths are gone; the next create is local.
+async fn from_the_store(
+    m: &SandboxManager,
+    repo_b: &Repository,
+    base_id: &str,
+    fill: tokio::sync::watch::Sender<bool>,
+) {
     let err = m.create(create("nowhere")).await.unwrap_err();
     assert!(
         matches!(err, Error::TemplateNotFound { .. }),
@@ -198,13 +210,65 @@ async fn from_the_store(m: &SandboxManager, repo_b: &Repository, base_id: &str) 
     let sb = m
         .create(create("base"))
         .await
-        .expect("create fetches base")
+        .expect("create serves base lazily")
         .id;
     assert_eq!(
-        exec_ok(m, &sb, "echo fetched-$((6*7))").await.trim(),
+        exec_ok(
+            m,
+            &sb,
+            "echo fetched-$((6*7)) > /home/user/f && cat /home/user/f"
+        )
+        .await
+        .trim(),
         "fetched-42"
     );
+    let lazy = m.remote().and_then(|r| r.lazy()).expect("lazy tier");
+    let (fetched, total) = lazy.view(base_id).expect("served lazily").fetched();
+    eprintln!(
+        "lazy create: {} of {} MiB fetched",
+        fetched >> 20,
+        total >> 20
+    );
+    assert!(fetched > 0 && fetched < total, "{fetched} of {total} bytes");
+    assert!(
+        repo_b.resolve("template:base").is_err(),
+        "not imported while its fill is held"
+    );
+    fill.send(true).unwrap();
+    m.pause(&sb).await.expect("pause waits for the import");
     assert_eq!(repo_b.resolve("template:base").unwrap().id, base_id);
+    let disk = m
+        .node()
+        .config
+        .layout()
+        .sandboxes()
+        .join(&sb)
+        .join("disk.qcow2");
+    let fuse_backing = siesta_sandbox::rootfs::backing_file(&disk).ok().flatten();
+    // The disk is in the repository while paused: read it there.
+    let paused_disk = fuse_backing.or_else(|| {
+        let snap = repo_b.resolve(&format!("sandbox:{sb}")).ok()?;
+        let path = repo_b.file_path(&snap, "disk").ok()?;
+        siesta_sandbox::rootfs::backing_file(&path).ok().flatten()
+    });
+    assert!(
+        paused_disk.is_some_and(|b| b.starts_with(lazy.mount_dir())),
+        "the paused disk is over the FUSE file"
+    );
+    lazy.detach();
+    m.connect(&sb, None)
+        .await
+        .expect("resumes over the imported disk");
+    assert_eq!(
+        exec_ok(
+            m,
+            &sb,
+            "cat /home/user/f && md5sum /usr/bin/* > /dev/null && echo read"
+        )
+        .await
+        .trim(),
+        "fetched-42\nread"
+    );
     m.kill(&sb).await.unwrap();
     let again = m.create(create("base")).await.expect("local create").id;
     m.kill(&again).await.unwrap();

@@ -71,6 +71,11 @@ pub struct DiskSpec {
     pub path: PathBuf,
     pub format: DiskFormat,
     pub read_only: bool,
+    /// A raw image to open as the qcow2 overlay's backing file instead of
+    /// the one its header names (same content at another path: a
+    /// template disk served lazily when the overlay was made).
+    #[serde(default)]
+    pub backing: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

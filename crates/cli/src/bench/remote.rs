@@ -1,8 +1,9 @@
 //! `siesta bench resume --from s3`: creates from a template the node does
-//! not have, fetched from the object store (`SIESTA_S3_*`) on that create
-//! (fetching its chunks one at a time, and [`FETCH_CONCURRENCY`] at a
-//! time, the default), against creates from the same template once it is
-//! in the local (POSIX) repository, alternating in one run.
+//! not have, from the object store (`SIESTA_S3_*`) on that create: fetched
+//! whole first ([`FETCH_CONCURRENCY`] chunks at a time), and served lazily
+//! (the default: resumed before it is whole, `crates/sandbox/src/lazy/`),
+//! against creates from the same template once it is in the local (POSIX)
+//! repository, alternating in one run.
 //!
 //! Each sample runs a node in a new scratch home
 //! (`$SIESTA_HOME/ephemeral/s3-<pid>-<n>`, the server's assets linked in,
@@ -25,19 +26,22 @@ use siesta_snapshot::Repository;
 
 use crate::stats::summarize;
 
-/// Two cold creates (chunks fetched one at a time, and concurrently) and
+/// Two cold creates (the template fetched whole, and served lazily) and
 /// one warm create.
 struct Sample {
-    serial: Cold,
-    cold: Cold,
+    whole: Cold,
+    lazy: Cold,
     warm_ms: f64,
 }
 
-/// A create that fetched its template first.
+/// A create from a template the node lacked.
 struct Cold {
     ms: f64,
     /// The resume inside it (its stages' total).
     resume_ms: f64,
+    /// Served lazily: MiB fetched when the create returned, and ms from
+    /// its start until the template was whole and imported.
+    lazy: Option<(f64, f64)>,
 }
 
 pub async fn run(template_name: &str, samples: usize, json: bool) -> anyhow::Result<ExitCode> {
@@ -56,29 +60,24 @@ pub async fn run(template_name: &str, samples: usize, json: bool) -> anyhow::Res
     publish(&remote, &home_repo, &alias, &id).await?;
     let bytes = fetched_bytes(&home_repo, &id)?;
 
-    let serial = remote.clone().with_fetch_concurrency(1);
     let mut measured = Vec::with_capacity(samples);
     for i in 0..samples {
-        let in_scratch = |n: usize, remote: RemoteRepo| {
-            let home = &home;
+        let in_scratch = |n: usize, lazy: bool| {
+            let (home, remote, id) = (&home, &remote, &id);
             async move {
                 let scratch = scratch_home(&home.home, n)?;
-                let outcome = sample(home, &scratch, &remote, template_name).await;
+                let outcome = sample(home, &scratch, remote, template_name, id, lazy).await;
                 std::fs::remove_dir_all(&scratch)
                     .with_context(|| format!("removing {}", scratch.display()))?;
                 outcome
             }
         };
         let context = || format!("sample {} of {samples}", i + 1);
-        let (serial, _) = in_scratch(2 * i, serial.clone())
-            .await
-            .with_context(context)?;
-        let (cold, warm_ms) = in_scratch(2 * i + 1, remote.clone())
-            .await
-            .with_context(context)?;
+        let (whole, _) = in_scratch(2 * i, false).await.with_context(context)?;
+        let (lazy, warm_ms) = in_scratch(2 * i + 1, true).await.with_context(context)?;
         measured.push(Sample {
-            serial,
-            cold,
+            whole,
+            lazy,
             warm_ms,
         });
     }
@@ -132,34 +131,66 @@ fn scratch_home(home: &Path, n: usize) -> anyhow::Result<PathBuf> {
     Ok(dir)
 }
 
-/// One cold and one warm create (ms) by a node in `scratch`.
+/// One cold create (served `lazy`ly or fetched whole) and one warm create
+/// (ms) by a node in `scratch`; `id` is the template's snapshot id.
 async fn sample(
     home: &NodeConfig,
     scratch: &Path,
     remote: &RemoteRepo,
     name: &str,
+    id: &str,
+    lazy: bool,
 ) -> anyhow::Result<(Cold, f64)> {
     let mut config = home.clone();
     config.home = scratch.to_path_buf();
     config.sandbox_root = None;
     config.net_tag = "n".into();
     config.pool_size = 0;
+    config.lazy_fetch = lazy;
     let node = Node::start(config).await?;
     let manager = SandboxManager::ephemeral(node.clone())?;
     manager.set_remote(RemoteTier::new(remote.clone()));
-    let outcome = cold_then_warm(&manager, name).await;
+    if lazy && manager.remote().and_then(|r| r.lazy()).is_none() {
+        anyhow::bail!("the lazy-fetch FUSE file system did not mount (see the log)");
+    }
+    let outcome = cold_then_warm(&manager, name, id).await;
     manager.shutdown().await;
     node.shutdown().await;
     outcome
 }
 
-async fn cold_then_warm(manager: &SandboxManager, name: &str) -> anyhow::Result<(Cold, f64)> {
+async fn cold_then_warm(
+    manager: &SandboxManager,
+    name: &str,
+    id: &str,
+) -> anyhow::Result<(Cold, f64)> {
+    let started = Instant::now();
     let (ms, info) = timed_create(manager, name).await.context("cold create")?;
     let resume_ms = info.timings.map_or(0.0, |t| t.total_ms);
+    let lazy = match manager
+        .remote()
+        .and_then(|r| r.lazy())
+        .and_then(|l| l.view(id))
+    {
+        Some(view) => {
+            let (fetched, _) = view.fetched();
+            view.imported().await.context("lazy fetch")?;
+            let whole_ms = started.elapsed().as_secs_f64() * 1000.0;
+            Some((fetched as f64 / f64::from(1 << 20), whole_ms))
+        }
+        None => None,
+    };
     manager.kill(&info.id).await?;
     let (warm_ms, info) = timed_create(manager, name).await.context("warm create")?;
     manager.kill(&info.id).await?;
-    Ok((Cold { ms, resume_ms }, warm_ms))
+    Ok((
+        Cold {
+            ms,
+            resume_ms,
+            lazy,
+        },
+        warm_ms,
+    ))
 }
 
 async fn timed_create(
@@ -178,10 +209,13 @@ async fn timed_create(
 
 fn report(name: &str, s3: &S3Config, bytes: u64, samples: &[Sample], json: bool) {
     let column = |f: &dyn Fn(&Sample) -> f64| summarize(&samples.iter().map(f).collect::<Vec<_>>());
-    let serial = column(&|s| s.serial.ms);
-    let serial_fetch = column(&|s| s.serial.ms - s.serial.resume_ms);
-    let cold = column(&|s| s.cold.ms);
-    let fetch = column(&|s| s.cold.ms - s.cold.resume_ms);
+    let lazy_of = |s: &Sample| s.lazy.lazy.unwrap_or_default();
+    let cold = column(&|s| s.whole.ms);
+    let fetch = column(&|s| s.whole.ms - s.whole.resume_ms);
+    let lazy = column(&|s| s.lazy.ms);
+    let lazy_wait = column(&|s| s.lazy.ms - s.lazy.resume_ms);
+    let lazy_mib = column(&|s| lazy_of(s).0);
+    let lazy_whole = column(&|s| lazy_of(s).1);
     let warm = column(&|s| s.warm_ms);
     let mib = bytes as f64 / f64::from(1 << 20);
     if json {
@@ -193,9 +227,12 @@ fn report(name: &str, s3: &S3Config, bytes: u64, samples: &[Sample], json: bool)
             "warm_p50_ms": warm.p50,
             "cold_over_warm_p50": cold.p50 / warm.p50,
             "fetch_concurrency": FETCH_CONCURRENCY,
-            "serial_cold_p50_ms": serial.p50,
-            "serial_fetch_p50_ms": serial_fetch.p50,
-            "serial_over_concurrent_fetch_p50": serial_fetch.p50 / fetch.p50,
+            "lazy_cold_p50_ms": lazy.p50,
+            "lazy_before_resume_p50_ms": lazy_wait.p50,
+            "lazy_fetched_at_ready_p50_mib": lazy_mib.p50,
+            "lazy_whole_p50_ms": lazy_whole.p50,
+            "whole_over_lazy_cold_p50": cold.p50 / lazy.p50,
+            "lazy_over_warm_p50": lazy.p50 / warm.p50,
         });
         println!("{out}");
         return;
@@ -206,12 +243,16 @@ fn report(name: &str, s3: &S3Config, bytes: u64, samples: &[Sample], json: bool)
     );
     println!("| Create | Samples | Mean | p50 | Min | Max |");
     println!("| --- | ---: | ---: | ---: | ---: | ---: |");
-    let concurrent = format!("object store, cold, {FETCH_CONCURRENCY} chunks at a time (default)");
+    let whole = format!("object store, cold, fetched whole ({FETCH_CONCURRENCY} chunks at a time)");
     for (what, t) in [
-        ("object store, cold, one chunk at a time", &serial),
-        ("  of which the fetch", &serial_fetch),
-        (concurrent.as_str(), &cold),
+        (whole.as_str(), &cold),
         ("  of which the fetch", &fetch),
+        ("object store, cold, served lazily (default)", &lazy),
+        (
+            "  of which before the resume (record, state, manifest)",
+            &lazy_wait,
+        ),
+        ("  until whole and imported (background)", &lazy_whole),
         ("local repository (POSIX), warm", &warm),
     ] {
         println!(
@@ -219,10 +260,15 @@ fn report(name: &str, s3: &S3Config, bytes: u64, samples: &[Sample], json: bool)
             t.n, t.mean, t.p50, t.min, t.max
         );
     }
+    println!(
+        "\nServed lazily, fetched when the create returned: p50 {:.0} MiB (min {:.0}, max {:.0}) of {mib:.0} MiB",
+        lazy_mib.p50, lazy_mib.min, lazy_mib.max
+    );
     println!("\n| Comparison | Value |\n| --- | ---: |");
     println!(
-        "| fetch p50, one at a time / {FETCH_CONCURRENCY} at a time | {:.2} |",
-        serial_fetch.p50 / fetch.p50
+        "| cold p50, fetched whole / served lazily | {:.2} |",
+        cold.p50 / lazy.p50
     );
-    println!("| cold p50 / warm p50 | {:.2} |", cold.p50 / warm.p50);
+    println!("| lazy cold p50 / warm p50 | {:.2} |", lazy.p50 / warm.p50);
+    println!("| whole cold p50 / warm p50 | {:.2} |", cold.p50 / warm.p50);
 }

@@ -158,6 +158,7 @@ pub(crate) fn boot_spec(
             path: disk,
             format,
             read_only: false,
+            backing: None,
         }),
         net: None, // filled in by boot_until_healthy with the slot it takes
         mode: LaunchMode::Boot,

@@ -109,7 +109,7 @@ impl BlobChecks {
 /// SHA-256 of a file's content, reading only its data extents: a hole is
 /// hashed as the zeros it reads as, without reading it (the blobs are
 /// mostly holes, and reading those costs more than hashing them here).
-fn sparse_sha256(path: &Path) -> std::io::Result<String> {
+pub(crate) fn sparse_sha256(path: &Path) -> std::io::Result<String> {
     use sha2::Digest;
     use std::io::{Read, Seek, SeekFrom};
     use std::os::fd::AsRawFd;

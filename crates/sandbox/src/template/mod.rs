@@ -48,6 +48,10 @@ pub struct Template {
     pub disk: PathBuf,
     /// The repository record; `None` for a legacy directory template.
     pub snapshot: Option<SnapshotRecord>,
+    /// Its memory and disk are served before they are whole (`lazy/`):
+    /// each chunk is checked as it arrives, so the resume neither hashes
+    /// them nor prefetches from them.
+    pub lazy: bool,
 }
 
 /// The alias of template `name` in the repository.
@@ -79,6 +83,7 @@ impl Template {
             dir,
             record,
             snapshot: None,
+            lazy: false,
         })
     }
 
@@ -93,6 +98,27 @@ impl Template {
     }
 
     fn from_snapshot(repo: &Repository, snap: SnapshotRecord) -> Result<Self> {
+        let memory = repo.file_path(&snap, MEMORY)?;
+        let state = repo.file_path(&snap, STATE)?;
+        let disk = repo.file_path(&snap, DISK)?;
+        Self::served(repo, snap, memory, state, disk)
+    }
+
+    /// This template, its files served lazily (see [`Template::lazy`]).
+    pub(crate) fn served_lazily(mut self) -> Self {
+        self.lazy = true;
+        self
+    }
+
+    /// Template snapshot `snap` of `repo` (or about to be in it), its
+    /// files served from the given paths (`lazy.rs`: before it is whole).
+    pub(crate) fn served(
+        repo: &Repository,
+        snap: SnapshotRecord,
+        memory: PathBuf,
+        state: PathBuf,
+        disk: PathBuf,
+    ) -> Result<Self> {
         let dir = repo.snapshot_dir(&snap.id);
         let record: TemplateRecord =
             serde_json::from_value(snap.meta.clone()).map_err(|e| Error::CorruptSnapshot {
@@ -100,12 +126,13 @@ impl Template {
                 detail: format!("bad template record: {e}"),
             })?;
         Ok(Self {
-            memory: repo.file_path(&snap, MEMORY)?,
-            state: repo.file_path(&snap, STATE)?,
-            disk: repo.file_path(&snap, DISK)?,
+            memory,
+            state,
+            disk,
             dir,
             record,
             snapshot: Some(snap),
+            lazy: false,
         })
     }
 
@@ -129,6 +156,11 @@ impl Template {
 
     /// Checks the sizes of the snapshot files (cheap, done on every restore).
     pub fn verify_sizes(&self) -> Result<()> {
+        if self.lazy {
+            // Sized from the object store's index; a `stat` here would be
+            // a FUSE call from an async thread.
+            return Ok(());
+        }
         let r = &self.record;
         for (path, f) in [
             (&self.memory, &r.memory),

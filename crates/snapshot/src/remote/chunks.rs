@@ -106,6 +106,47 @@ pub async fn put_file(store: &Arc<dyn ObjectStore>, path: &Path) -> Result<Strin
 /// with 32 MiB in memory (`siesta bench resume --from s3` compares).
 pub const FETCH_CONCURRENCY: usize = 8;
 
+/// The index of the file whose SHA-256 is `sha`.
+pub async fn get_index(store: &Arc<dyn ObjectStore>, sha: &str) -> Result<FileIndex, RemoteError> {
+    let key = index_key(sha);
+    let bytes = get_bytes(store, &key).await?;
+    let index: FileIndex = serde_json::from_slice(&bytes).map_err(|e| RemoteError::Corrupt {
+        key: key.to_string(),
+        detail: e.to_string(),
+    })?;
+    if index.sha256 != sha || index.chunk_size == 0 {
+        return Err(RemoteError::Corrupt {
+            key: key.to_string(),
+            detail: format!(
+                "the index is of file {}, chunks of {} bytes",
+                index.sha256, index.chunk_size
+            ),
+        });
+    }
+    Ok(index)
+}
+
+/// Chunk `sha`, which must be `len` bytes with that SHA-256.
+pub async fn get_chunk(
+    store: &Arc<dyn ObjectStore>,
+    sha: &str,
+    len: usize,
+) -> Result<bytes::Bytes, RemoteError> {
+    let key = chunk_key(sha);
+    let data = get_bytes(store, &key).await?;
+    let got = hex(Sha256::digest(&data));
+    if got != sha || data.len() != len {
+        return Err(RemoteError::Corrupt {
+            key: key.to_string(),
+            detail: format!(
+                "{} bytes with SHA-256 {got}, expected {len} bytes with {sha}",
+                data.len()
+            ),
+        });
+    }
+    Ok(data)
+}
+
 /// Downloads the file whose SHA-256 is `sha` into `dest` (created; holes
 /// for zero chunks), checking every chunk and the whole. Up to
 /// `concurrency` chunks are fetched at once; they are checked, hashed and

@@ -28,7 +28,7 @@ mod chunks;
 mod config;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use object_store::path::Path as Key;
@@ -141,6 +141,9 @@ pub struct RemoteRepo {
     step_hook: Option<StepHook>,
     /// Chunks a pull has in flight at once.
     fetch_concurrency: usize,
+    /// What it was opened with, to open another client
+    /// ([`RemoteRepo::separate_client`]).
+    config: Option<S3Config>,
 }
 
 fn record_key(id: &str) -> Key {
@@ -161,6 +164,7 @@ impl RemoteRepo {
             store,
             step_hook: None,
             fetch_concurrency: chunks::FETCH_CONCURRENCY,
+            config: None,
         }
     }
 
@@ -185,7 +189,23 @@ impl RemoteRepo {
     }
 
     pub fn open(config: &S3Config) -> Result<Self, RemoteError> {
-        Ok(Self::new(config.build()?))
+        let mut repo = Self::new(config.build()?);
+        repo.config = Some(config.clone());
+        Ok(repo)
+    }
+
+    /// The same store through a client of its own (its own connections):
+    /// for requests made from another tokio runtime, whose connections
+    /// must not depend on this one's threads. A handle made by
+    /// [`RemoteRepo::new`] has no configuration to open one with: a clone.
+    pub fn separate_client(&self) -> Result<Self, RemoteError> {
+        match &self.config {
+            Some(config) => Ok(Self {
+                fetch_concurrency: self.fetch_concurrency,
+                ..Self::open(config)?
+            }),
+            None => Ok(self.clone()),
+        }
     }
 
     /// Uploads local snapshot `id`. Pushing the same snapshot again is a
@@ -294,6 +314,48 @@ impl RemoteRepo {
                 .await
                 .map_err(|e| RemoteError::Config(format!("installing snapshot {id}: {e}")))??;
         Ok(installed)
+    }
+
+    /// Snapshot `id`'s record and the index of each of its files, each
+    /// index checked against the digest the record keeps, for a reader
+    /// that fetches chunks as it needs them ([`RemoteRepo::chunk`]).
+    pub async fn view(&self, id: &str) -> Result<RemoteView, RemoteError> {
+        let remote = self.remote_record(id).await?;
+        if self.is_tombstoned(id).await? {
+            return Err(RemoteError::NotFound(format!(
+                "snapshot {id:?} (deleted from the object store)"
+            )));
+        }
+        let mut files = BTreeMap::new();
+        for (role, sha) in &remote.files {
+            let want = remote.record.files.get(role).and_then(|f| f.digest());
+            if want.is_some_and(|want| want != sha) {
+                return Err(RemoteError::Corrupt {
+                    key: record_key(id).to_string(),
+                    detail: format!("file {role:?} is not the one the record's digest names"),
+                });
+            }
+            files.insert(role.clone(), chunks::get_index(&self.store, sha).await?);
+        }
+        let manifest = match &remote.manifest {
+            Some(sha) => Some(chunks::get_index(&self.store, sha).await?),
+            None => None,
+        };
+        Ok(RemoteView {
+            record: remote.record,
+            files,
+            manifest,
+        })
+    }
+
+    /// Chunk `sha` of `len` bytes, checked against its SHA-256.
+    pub async fn chunk(&self, sha: &str, len: usize) -> Result<bytes::Bytes, RemoteError> {
+        chunks::get_chunk(&self.store, sha, len).await
+    }
+
+    /// Fetches the whole file `index` describes into `dest`, checked.
+    pub async fn fetch_file(&self, index: &FileIndex, dest: &Path) -> Result<(), RemoteError> {
+        chunks::get_file(&self.store, &index.sha256, dest, self.fetch_concurrency).await
     }
 
     /// Points remote `alias` at `id` (which must be pushed): created if
@@ -452,6 +514,16 @@ impl RemoteRepo {
             detail: e.to_string(),
         })
     }
+}
+
+/// A remote snapshot as [`RemoteRepo::view`] reads it.
+#[derive(Debug, Clone)]
+pub struct RemoteView {
+    pub record: SnapshotRecord,
+    /// The index of each file, by role.
+    pub files: BTreeMap<String, FileIndex>,
+    /// The index of its startup manifest, if it has one.
+    pub manifest: Option<FileIndex>,
 }
 
 /// Files a pull wrote under the repository's `tmp/`: removed if the pull

@@ -96,6 +96,12 @@ pub fn build_argv(spec: &LaunchSpec, accel: Accel, machine: &str) -> Vec<OsStrin
         if disk.read_only {
             d.push(",readonly=on");
         }
+        if let Some(backing) = &disk.backing {
+            d.push(opt(
+                ",backing.driver=raw,backing.file.filename=",
+                backing.as_os_str(),
+            ));
+        }
         a.pair("-drive", d);
         a.pair(
             "-device",
@@ -237,6 +243,7 @@ mod tests {
             path: "/d/a,b.qcow2".into(),
             format: DiskFormat::Qcow2,
             read_only: true,
+            backing: None,
         });
         s.net = Some(NetSpec {
             netns: Some("/run/netns/slot1".into()),
@@ -255,6 +262,12 @@ mod tests {
             value_of(&argv, "-drive"),
             ["if=none,id=disk0,file=/d/a,,b.qcow2,format=qcow2,cache=writeback,discard=unmap,readonly=on"]
         );
+        if let Some(d) = s.disk.as_mut() {
+            d.backing = Some("/t/b,c.raw".into());
+        }
+        let argv = strs(&build_argv(&s, Accel::Kvm, "pc-q35-7.2"));
+        assert!(value_of(&argv, "-drive")[0]
+            .ends_with(",readonly=on,backing.driver=raw,backing.file.filename=/t/b,,c.raw"));
         assert_eq!(
             value_of(&argv, "-netdev"),
             ["tap,id=net0,script=no,downscript=no,ifname=tap0"]

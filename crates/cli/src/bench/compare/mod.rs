@@ -119,6 +119,7 @@ async fn resume_once(
         egress: siesta_net::EgressPolicy::default(),
         mounts: Vec::new(),
         volumes: None,
+        disk_backing: None,
     };
     Ok(resume::from_template(node, pool, tpl, &params).await?)
 }
