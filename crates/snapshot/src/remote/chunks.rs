@@ -132,19 +132,24 @@ pub async fn get_chunk(
     sha: &str,
     len: usize,
 ) -> Result<bytes::Bytes, RemoteError> {
-    let key = chunk_key(sha);
-    let data = get_bytes(store, &key).await?;
-    let got = hex(Sha256::digest(&data));
+    let data = get_bytes(store, &chunk_key(sha)).await?;
+    check_chunk(&data, sha, len)?;
+    Ok(data)
+}
+
+/// Refuses `data` unless it is `len` bytes with SHA-256 `sha`.
+fn check_chunk(data: &[u8], sha: &str, len: usize) -> Result<(), RemoteError> {
+    let got = hex(Sha256::digest(data));
     if got != sha || data.len() != len {
         return Err(RemoteError::Corrupt {
-            key: key.to_string(),
+            key: chunk_key(sha).to_string(),
             detail: format!(
                 "{} bytes with SHA-256 {got}, expected {len} bytes with {sha}",
                 data.len()
             ),
         });
     }
-    Ok(data)
+    Ok(())
 }
 
 /// Downloads the file whose SHA-256 is `sha` into `dest` (created; holes
@@ -160,11 +165,7 @@ pub async fn get_file(
     use futures::StreamExt;
 
     let key = index_key(sha);
-    let bytes = get_bytes(store, &key).await?;
-    let index: FileIndex = serde_json::from_slice(&bytes).map_err(|e| RemoteError::Corrupt {
-        key: key.to_string(),
-        detail: e.to_string(),
-    })?;
+    let index = get_index(store, sha).await?;
     let io = |what: &'static str| {
         let path = dest.to_path_buf();
         move |source| RemoteError::Io { what, path, source }
@@ -200,17 +201,7 @@ pub async fn get_file(
             whole.update(&zeros[..len]);
             continue;
         };
-        let ckey = chunk_key(chunk_sha);
-        let got = hex(Sha256::digest(&data));
-        if &got != chunk_sha || data.len() != len {
-            return Err(RemoteError::Corrupt {
-                key: ckey.to_string(),
-                detail: format!(
-                    "{} bytes with SHA-256 {got}, expected {len} bytes with {chunk_sha}",
-                    data.len()
-                ),
-            });
-        }
+        check_chunk(&data, chunk_sha, len)?;
         whole.update(&data);
         file.seek(std::io::SeekFrom::Start(offset))
             .await
