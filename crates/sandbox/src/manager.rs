@@ -294,7 +294,10 @@ impl SandboxManager {
 
     /// The template sandbox `sb` runs on: the one it was resumed on while
     /// it runs (and is still in the repository: a rebuild deletes the
-    /// build it replaced); for a paused one, the template its pause was
+    /// build it replaced; or is served lazily, and will be: the caller
+    /// waits for that before it references its files, and its VM maps
+    /// those FUSE files, so a save of changed pages is taken over them);
+    /// for a paused one, the template its pause was
     /// saved over, by id (what its name names may be another build, and a
     /// template fetched by id has no name here); else the template of its
     /// name.
@@ -302,7 +305,7 @@ impl SandboxManager {
         let repo = self.repo()?;
         if let Some(running) = &sb.running {
             let id = running.template.snapshot.as_ref().map(|s| s.id.as_str());
-            if id.is_some_and(|id| repo.get(id).is_ok()) {
+            if running.template.lazy || id.is_some_and(|id| repo.get(id).is_ok()) {
                 return Ok(running.template.clone());
             }
         }
