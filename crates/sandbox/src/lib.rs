@@ -31,6 +31,7 @@ pub mod remote_tier;
 pub mod resume;
 pub mod rootfs;
 pub mod sandbox;
+mod sandbox_template;
 pub mod snapshots;
 pub mod stages;
 pub mod store;
