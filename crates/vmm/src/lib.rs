@@ -142,6 +142,20 @@ pub trait VmInstance: Send + Sync {
     /// image to hold what it wrote. A VM without a disk is an error.
     async fn checkpoint_disk(&mut self, overlay: &Path) -> Result<(), VmmError>;
 
+    /// Gives a VM waiting in [`LaunchMode::Incoming`], before its state is
+    /// loaded, another disk image in place of the one it was spawned with
+    /// (which it closes): how a VMM spawned ahead of time over a fresh
+    /// overlay resumes a paused sandbox over that sandbox's own disk. The
+    /// image must be of the same size and writability. On error the VM
+    /// keeps its old disk.
+    async fn replace_disk(&mut self, disk: DiskSpec) -> Result<(), VmmError>;
+
+    /// Takes another id and run directory: the caller has moved the run
+    /// directory (with rename(2), so the control socket and the open log
+    /// files move with it) to `run_dir`, for a VM handed to another
+    /// sandbox.
+    fn rename(&mut self, id: &str, run_dir: &Path);
+
     /// Asks the VMM to quit, kills it (SIGKILL by PID) after a short grace,
     /// and always reaps it. Idempotent.
     async fn shutdown(&mut self) -> Result<(), VmmError>;

@@ -141,6 +141,17 @@ impl LaunchSpec {
                 sock.display()
             )));
         }
+        if let Some(disk) = &self.disk {
+            // QEMU is given the disk's paths in JSON.
+            for path in std::iter::once(&disk.path).chain(&disk.backing) {
+                if path.to_str().is_none() {
+                    return Err(bad(format!(
+                        "disk path {} is not valid UTF-8",
+                        path.display()
+                    )));
+                }
+            }
+        }
         if let Some(net) = &self.net {
             if net.tap.is_empty() || net.tap.len() > 15 || net.tap.contains([',', '/']) {
                 return Err(bad(format!(

@@ -8,10 +8,9 @@
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 
+use super::disk::{filter_node, image_node, DISK_ID, FIRST_IMAGE_NODE};
 use crate::{Accel, LaunchMode, LaunchSpec};
 
-/// The drive id of the VM's disk, for QMP block commands.
-pub const DISK_ID: &str = "disk0";
 /// The memory backend's id, which is also its RAM block's name in a
 /// migration stream.
 pub const MEMORY_BACKEND_ID: &str = "mem";
@@ -85,27 +84,17 @@ pub fn build_argv(spec: &LaunchSpec, accel: Accel, machine: &str) -> Vec<OsStrin
     a.pair("-serial", "chardev:ser0");
 
     if let Some(disk) = &spec.disk {
-        let mut d = opt(
-            &format!("if=none,id={DISK_ID},file="),
-            disk.path.as_os_str(),
+        // JSON, so paths need no escaping; `LaunchSpec::validate` has
+        // refused a path that is not UTF-8. See `disk` for why a filter.
+        let image = image_node(disk, FIRST_IMAGE_NODE).unwrap_or_default();
+        a.pair("-blockdev", image.to_string());
+        a.pair(
+            "-blockdev",
+            filter_node(FIRST_IMAGE_NODE, disk.read_only).to_string(),
         );
-        d.push(format!(
-            ",format={},cache=writeback,discard=unmap",
-            disk.format.as_str()
-        ));
-        if disk.read_only {
-            d.push(",readonly=on");
-        }
-        if let Some(backing) = &disk.backing {
-            d.push(opt(
-                ",backing.driver=raw,backing.file.filename=",
-                backing.as_os_str(),
-            ));
-        }
-        a.pair("-drive", d);
         a.pair(
             "-device",
-            format!("virtio-blk-pci,drive={DISK_ID},addr={DISK_ADDR}"),
+            format!("virtio-blk-pci,drive={DISK_ID},addr={DISK_ADDR},write-cache=on"),
         );
     }
     if let Some(net) = &spec.net {
@@ -220,7 +209,7 @@ mod tests {
             assert!(argv.iter().any(|a| a == f), "{f} missing");
         }
         assert!(value_of(&argv, "-incoming").is_empty());
-        assert!(value_of(&argv, "-drive").is_empty() && value_of(&argv, "-netdev").is_empty());
+        assert!(value_of(&argv, "-blockdev").is_empty() && value_of(&argv, "-netdev").is_empty());
     }
 
     #[test]
@@ -258,16 +247,24 @@ mod tests {
         let argv = strs(&build_argv(&s, Accel::Kvm, "pc-q35-7.2"));
         assert!(value_of(&argv, "-object")[0].ends_with(",share=off,prealloc=on"));
         assert_eq!(value_of(&argv, "-chardev"), ["null,id=ser0"]);
-        assert_eq!(
-            value_of(&argv, "-drive"),
-            ["if=none,id=disk0,file=/d/a,,b.qcow2,format=qcow2,cache=writeback,discard=unmap,readonly=on"]
-        );
+        let blockdevs: Vec<serde_json::Value> = value_of(&argv, "-blockdev")
+            .iter()
+            .map(|b| serde_json::from_str(b).unwrap())
+            .collect();
+        assert_eq!(blockdevs.len(), 2);
+        assert_eq!(blockdevs[0]["node-name"], "disk0-img");
+        assert_eq!(blockdevs[0]["file"]["filename"], "/d/a,b.qcow2");
+        assert_eq!(blockdevs[0]["read-only"], true);
+        assert!(blockdevs[0].get("backing").is_none());
+        assert_eq!(blockdevs[1]["node-name"], "disk0");
+        assert_eq!(blockdevs[1]["file"], "disk0-img");
         if let Some(d) = s.disk.as_mut() {
             d.backing = Some("/t/b,c.raw".into());
         }
         let argv = strs(&build_argv(&s, Accel::Kvm, "pc-q35-7.2"));
-        assert!(value_of(&argv, "-drive")[0]
-            .ends_with(",readonly=on,backing.driver=raw,backing.file.filename=/t/b,,c.raw"));
+        let image: serde_json::Value =
+            serde_json::from_str(value_of(&argv, "-blockdev")[0]).unwrap();
+        assert_eq!(image["backing"]["file"]["filename"], "/t/b,c.raw");
         assert_eq!(
             value_of(&argv, "-netdev"),
             ["tap,id=net0,script=no,downscript=no,ifname=tap0"]
@@ -275,7 +272,7 @@ mod tests {
         assert_eq!(
             value_of(&argv, "-device"),
             [
-                "virtio-blk-pci,drive=disk0,addr=0x3",
+                "virtio-blk-pci,drive=disk0,addr=0x3,write-cache=on",
                 "virtio-net-pci,netdev=net0,romfile=,addr=0x4,mac=02:00:00:00:00:01",
                 "virtio-rng-pci,addr=0x5"
             ]

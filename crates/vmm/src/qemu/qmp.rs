@@ -147,6 +147,15 @@ pub struct QmpClient {
     pub version: Value,
 }
 
+/// QEMU greets once, on connection; a second greeting means the stream
+/// is not what this client thinks it is.
+fn greeting_mid_session() -> QmpError {
+    QmpError::Protocol {
+        detail: "greeting in the middle of a session".into(),
+        raw: String::new(),
+    }
+}
+
 impl QmpClient {
     /// Reads the greeting and leaves capabilities negotiation mode.
     pub async fn handshake(stream: UnixStream, timeout: Duration) -> Result<Self, QmpError> {
@@ -170,19 +179,25 @@ impl QmpClient {
                 })
             }
         }
-        c.execute::<serde::de::IgnoredAny>("qmp_capabilities", None)
-            .await?;
+        c.run("qmp_capabilities", None).await?;
         Ok(c)
     }
 
     /// Runs `cmd` with optional `args` and decodes its `return` value as `R`
-    /// (use [`serde::de::IgnoredAny`] when there is nothing to read).
+    /// ([`QmpClient::run`] when there is nothing to read).
     pub async fn execute<R: DeserializeOwned>(
         &mut self,
         cmd: &str,
         args: Option<Value>,
     ) -> Result<R, QmpError> {
         self.execute_inner(cmd, args, None).await
+    }
+
+    /// Runs `cmd` for its effect: its `return` value is not read.
+    pub async fn run(&mut self, cmd: &str, args: Option<Value>) -> Result<(), QmpError> {
+        self.execute::<serde::de::IgnoredAny>(cmd, args)
+            .await
+            .map(drop)
     }
 
     /// Like [`QmpClient::execute`], passing `fd` to QEMU with SCM_RIGHTS in the
@@ -263,12 +278,7 @@ impl QmpClient {
                 QmpMessage::Event(e) => self.push_event(e),
                 // A late reply to an earlier, timed-out command.
                 QmpMessage::Return { .. } | QmpMessage::Error { .. } => {}
-                QmpMessage::Greeting { .. } => {
-                    return Err(QmpError::Protocol {
-                        detail: "greeting in the middle of a session".into(),
-                        raw: String::new(),
-                    })
-                }
+                QmpMessage::Greeting { .. } => return Err(greeting_mid_session()),
             }
         }
     }
@@ -278,6 +288,34 @@ impl QmpClient {
             self.events.pop_front();
         }
         self.events.push_back(e);
+    }
+
+    /// Waits up to `timeout` for an event `matches` accepts, received
+    /// already (it leaves the queue) or read now; other events are queued,
+    /// late replies dropped.
+    pub async fn wait_event(
+        &mut self,
+        matches: impl Fn(&QmpEvent) -> bool,
+        timeout: Duration,
+    ) -> Result<QmpEvent, QmpError> {
+        if let Some(i) = self.events.iter().position(&matches) {
+            if let Some(e) = self.events.remove(i) {
+                return Ok(e);
+            }
+        }
+        let wait = async {
+            loop {
+                match self.read_message().await? {
+                    QmpMessage::Event(e) if matches(&e) => return Ok(e),
+                    QmpMessage::Event(e) => self.push_event(e),
+                    QmpMessage::Return { .. } | QmpMessage::Error { .. } => {}
+                    QmpMessage::Greeting { .. } => return Err(greeting_mid_session()),
+                }
+            }
+        };
+        tokio::time::timeout(timeout, wait)
+            .await
+            .map_err(|_| QmpError::Timeout(timeout))?
     }
 
     /// Events received so far, oldest first; the queue is emptied.
@@ -311,15 +349,11 @@ impl QmpClient {
     // Typed wrappers for the commands siesta uses.
 
     pub async fn stop(&mut self) -> Result<(), QmpError> {
-        self.execute::<serde::de::IgnoredAny>("stop", None)
-            .await
-            .map(drop)
+        self.run("stop", None).await
     }
 
     pub async fn cont(&mut self) -> Result<(), QmpError> {
-        self.execute::<serde::de::IgnoredAny>("cont", None)
-            .await
-            .map(drop)
+        self.run("cont", None).await
     }
 
     pub async fn query_status(&mut self) -> Result<StatusInfo, QmpError> {
@@ -327,18 +361,23 @@ impl QmpClient {
     }
 
     pub async fn set_capability(&mut self, capability: &str, state: bool) -> Result<(), QmpError> {
-        let args = json!({ "capabilities": [{ "capability": capability, "state": state }] });
-        self.execute::<serde::de::IgnoredAny>("migrate-set-capabilities", Some(args))
-            .await
-            .map(drop)
+        self.set_capabilities(&[(capability, state)]).await
+    }
+
+    /// `migrate-set-capabilities` with several at once (one round trip).
+    pub async fn set_capabilities(&mut self, caps: &[(&str, bool)]) -> Result<(), QmpError> {
+        let caps: Vec<Value> = caps
+            .iter()
+            .map(|(capability, state)| json!({ "capability": capability, "state": state }))
+            .collect();
+        let args = json!({ "capabilities": caps });
+        self.run("migrate-set-capabilities", Some(args)).await
     }
 
     /// `migrate-set-parameters` with the given object, e.g.
     /// `{"max-bandwidth": 107374182400}`.
     pub async fn set_migrate_parameters(&mut self, params: Value) -> Result<(), QmpError> {
-        self.execute::<serde::de::IgnoredAny>("migrate-set-parameters", Some(params))
-            .await
-            .map(drop)
+        self.run("migrate-set-parameters", Some(params)).await
     }
 
     /// Hands `fd` to QEMU under `name` (usable as `fd:NAME` in migration URIs).
@@ -349,39 +388,51 @@ impl QmpClient {
     }
 
     pub async fn migrate(&mut self, uri: &str) -> Result<(), QmpError> {
-        self.execute::<serde::de::IgnoredAny>("migrate", Some(json!({ "uri": uri })))
-            .await
-            .map(drop)
+        self.run("migrate", Some(json!({ "uri": uri }))).await
     }
 
     pub async fn migrate_incoming(&mut self, uri: &str) -> Result<(), QmpError> {
-        self.execute::<serde::de::IgnoredAny>("migrate-incoming", Some(json!({ "uri": uri })))
+        self.run("migrate-incoming", Some(json!({ "uri": uri })))
             .await
-            .map(drop)
     }
 
     pub async fn query_migrate(&mut self) -> Result<MigrationInfo, QmpError> {
         self.execute("query-migrate", None).await
     }
 
-    /// `blockdev-snapshot-sync`: the drive `device` now writes to a new
-    /// qcow2 image at `file`, backed by the image it used until now (named
-    /// by its absolute path), which QEMU drains, flushes and reopens
-    /// read-only.
+    /// `blockdev-snapshot-sync`: a new qcow2 overlay at `file`, named
+    /// `snapshot_node`, put above image node `node` (which becomes its
+    /// backing and is written no more).
     pub async fn blockdev_snapshot_sync(
         &mut self,
-        device: &str,
+        node: &str,
         file: &str,
+        snapshot_node: &str,
     ) -> Result<(), QmpError> {
         let args = json!({
-            "device": device,
+            "node-name": node,
             "snapshot-file": file,
+            "snapshot-node-name": snapshot_node,
             "format": "qcow2",
             "mode": "absolute-paths",
         });
-        self.execute::<serde::de::IgnoredAny>("blockdev-snapshot-sync", Some(args))
-            .await
-            .map(drop)
+        self.run("blockdev-snapshot-sync", Some(args)).await
+    }
+
+    /// `blockdev-add` of the node `args` describes.
+    pub async fn blockdev_add(&mut self, args: Value) -> Result<(), QmpError> {
+        self.run("blockdev-add", Some(args)).await
+    }
+
+    /// `blockdev-reopen` with `args` (`{"options": [node, ...]}`).
+    pub async fn blockdev_reopen(&mut self, args: Value) -> Result<(), QmpError> {
+        self.run("blockdev-reopen", Some(args)).await
+    }
+
+    /// `blockdev-del` of a node added by `blockdev-add` or `-blockdev`.
+    pub async fn blockdev_del(&mut self, node: &str) -> Result<(), QmpError> {
+        let args = json!({ "node-name": node });
+        self.run("blockdev-del", Some(args)).await
     }
 
     /// `xen-save-devices-state` with `live: false`: every device section a
@@ -389,9 +440,7 @@ impl QmpClient {
     /// Leaves a stopped VM stopped and its disks active.
     pub async fn xen_save_devices_state(&mut self, filename: &str) -> Result<(), QmpError> {
         let args = json!({ "filename": filename, "live": false });
-        self.execute::<serde::de::IgnoredAny>("xen-save-devices-state", Some(args))
-            .await
-            .map(drop)
+        self.run("xen-save-devices-state", Some(args)).await
     }
 
     /// Asks QEMU to exit; it may close the socket before or after replying.

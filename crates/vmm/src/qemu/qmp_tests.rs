@@ -225,3 +225,49 @@ async fn getfd_passes_a_working_descriptor() {
     c.migrate_incoming("fd:incoming").await.unwrap();
     assert_eq!(server.join().unwrap(), "state-bytes");
 }
+
+#[tokio::test]
+async fn waits_for_the_event_asked_for() {
+    let (sock, mut peer) = pair();
+    let server = std::thread::spawn(move || {
+        greet(&mut peer);
+        let (req, _) = peer.recv();
+        assert_eq!(req["execute"], "migrate-incoming");
+        // Received with the reply: queued, then found there.
+        peer.send(r#"{"event": "MIGRATION", "data": {"status": "setup"}, "timestamp": {"seconds": 0, "microseconds": 0}}"#);
+        peer.send(&format!(r#"{{"return": {{}}, "id": {}}}"#, req["id"]));
+        std::thread::sleep(Duration::from_millis(20));
+        // Read while waiting: other events are kept, a late reply dropped.
+        peer.send(
+            r#"{"event": "RESUME", "data": {}, "timestamp": {"seconds": 0, "microseconds": 0}}"#,
+        );
+        peer.send(r#"{"return": {}, "id": 999}"#);
+        peer.send(r#"{"event": "MIGRATION", "data": {"status": "completed"}, "timestamp": {"seconds": 0, "microseconds": 0}}"#);
+        peer // then silence
+    });
+    let mut c = QmpClient::handshake(sock, Duration::from_secs(5))
+        .await
+        .unwrap();
+    c.migrate_incoming("fd:x").await.unwrap();
+    let status =
+        |s: &'static str| move |e: &QmpEvent| e.event == "MIGRATION" && e.data["status"] == s;
+    let ev = c
+        .wait_event(status("setup"), Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(ev.data["status"], "setup");
+    let ev = c
+        .wait_event(status("completed"), Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(ev.data["status"], "completed");
+    let kept = c.take_events();
+    assert_eq!(kept.len(), 1);
+    assert_eq!(kept[0].event, "RESUME");
+    let e = c
+        .wait_event(status("failed"), Duration::from_millis(100))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, QmpError::Timeout(_)), "{e}");
+    drop(server.join().unwrap());
+}
