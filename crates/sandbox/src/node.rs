@@ -15,6 +15,8 @@ use crate::error::{Error, Result};
 /// Kernel command line of every guest: the console, and the guest network
 /// that is the same in every slot (see `siesta_net::layout`).
 const CMDLINE_BASE: &str = "console=ttyS0 quiet panic=-1 reboot=t";
+/// See [`Node::template_kernel_cmdline`].
+const FREED_PAGES_ZEROED: &str = "init_on_free=1";
 
 pub struct Node {
     pub config: NodeConfig,
@@ -127,6 +129,20 @@ impl Node {
             line.push_str(&self.config.kernel_args);
         }
         line
+    }
+
+    /// The kernel command line a template boots with: a sandbox's, plus
+    /// `init_on_free=1`, so that the guest kernel zeroes every page it
+    /// frees. A pause stores only pages that differ from the template, and
+    /// a freed page then holds zeros (a 9-byte record in the state file)
+    /// instead of whatever the guest last wrote there: memory a sandbox
+    /// freed is not carried by its paused snapshot (`siesta bench pause
+    /// --free`, docs/benchmarks.md). The price is paid at boot, where the
+    /// kernel zeroes all of RAM as it frees it (4-5 s more under TCG): a
+    /// template build pays it once, while a sandbox's own cold boot
+    /// (`resume::cold_boot`, whose RAM is saved whole) goes without.
+    pub fn template_kernel_cmdline(&self) -> String {
+        format!("{} {FREED_PAGES_ZEROED}", self.kernel_cmdline())
     }
 
     pub async fn acquire_slot(&self, id: &str) -> Result<Slot> {

@@ -334,7 +334,10 @@ impl SandboxManager {
         params.disk_backing = self.lazy_backing(&disk, &template).await?;
         let resumed = match saved {
             Some(saved) => {
-                resume::from_saved(&self.node, &template, &id, &sb.dir, saved, &params).await
+                resume::from_saved(
+                    &self.node, &self.pool, &template, &id, &sb.dir, saved, &params,
+                )
+                .await
             }
             None => resume::cold_boot(&self.node, &template, &id, &sb.dir, &params).await,
         };

@@ -105,29 +105,56 @@ impl VmmPool {
     /// Takes a waiting VMM for `template`, or spawns one when none waits
     /// (reported as a miss), then refills the pool in the background.
     pub async fn acquire(self: &Arc<Self>, template: &Template) -> Result<(PooledVm, bool)> {
-        let name = template.record.name.clone();
-        let stale = self.take_stale(template).await;
-        for entry in stale {
+        // A create resumes the template's current build: VMMs of earlier
+        // builds will never be asked for again.
+        for entry in self.take_stale(template).await {
             self.discard(entry).await;
         }
-        let waiting = self.take_live(&name).await;
-        let (entry, hit) = match waiting {
-            Some(entry) => (entry, true),
-            None => (self.spawn(template).await?, false),
-        };
+        if let Some(entry) = self.take_waiting(template).await {
+            return Ok((entry, true));
+        }
+        let entry = self.spawn(template).await?;
         if !self.options.policy_skip {
             entry.slot.forget_policy().await;
         }
         self.refill(template.clone());
-        Ok((entry, hit))
+        Ok((entry, false))
     }
 
-    /// A waiting VMM that is still alive: one that died while it waited
-    /// (killed from outside, out of memory) is discarded, never handed to
-    /// a resume that would then blame the snapshot.
-    async fn take_live(&self, name: &str) -> Option<PooledVm> {
+    /// Takes a VMM already waiting for `template`'s build, if one is, and
+    /// refills the pool in the background; never spawns, and leaves the
+    /// VMMs of other builds alone (a paused sandbox may run on a build its
+    /// template's name no longer points to). A paused sandbox of the
+    /// template resumes into it after handing it its own disk
+    /// ([`siesta_vmm::VmInstance::replace_disk`]).
+    pub async fn take_waiting(self: &Arc<Self>, template: &Template) -> Option<PooledVm> {
+        let build = build_key(template);
+        let entry = self
+            .take_live_where(&template.record.name, |e| e.build == build)
+            .await?;
+        if !self.options.policy_skip {
+            entry.slot.forget_policy().await;
+        }
+        self.refill(template.clone());
+        Some(entry)
+    }
+
+    /// A waiting VMM of template `name` that `wanted` accepts and that is
+    /// still alive: one that died while it waited (killed from outside,
+    /// out of memory) is discarded, never handed to a resume that would
+    /// then blame the snapshot.
+    async fn take_live_where(
+        &self,
+        name: &str,
+        wanted: impl Fn(&PooledVm) -> bool,
+    ) -> Option<PooledVm> {
         loop {
-            let mut entry = self.ready.lock().await.get_mut(name).and_then(Vec::pop)?;
+            let mut entry = {
+                let mut ready = self.ready.lock().await;
+                let waiting = ready.get_mut(name)?;
+                let i = waiting.iter().rposition(&wanted)?;
+                waiting.remove(i)
+            };
             match entry.vm.try_exit_status() {
                 None => return Some(entry),
                 Some(status) => {
@@ -302,7 +329,7 @@ impl VmmPool {
         }
     }
 
-    async fn discard(&self, mut entry: PooledVm) {
+    pub(crate) async fn discard(&self, mut entry: PooledVm) {
         let _ = entry.vm.shutdown().await;
         self.node.release_slot(entry.slot).await;
         let _ = std::fs::remove_dir_all(&entry.dir);

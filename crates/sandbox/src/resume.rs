@@ -4,9 +4,9 @@
 //!
 //! | stage              | from a template                         | from a paused sandbox              |
 //! |--------------------|-----------------------------------------|------------------------------------|
-//! | `vmm_pool_acquire` | take a VMM waiting in `-incoming`       | spawn a VMM over the sandbox disk  |
-//! | `rootfs_bind`      | adopt the pooled VMM's fresh overlay    | check the disk taken back from the paused snapshot |
-//! | `network_setup`    | apply the slot's egress policy          | take a slot, apply the policy      |
+//! | `vmm_pool_acquire` | take a VMM waiting in `-incoming`       | same (else spawn one over the sandbox disk) |
+//! | `rootfs_bind`      | adopt the pooled VMM's fresh overlay    | hand the pooled VMM the sandbox's disk and move its run directory in |
+//! | `network_setup`    | apply the slot's egress policy          | same (a spawned VMM: take a slot first) |
 //! | `snapshot_load`    | load the template's device state        | load the saved state and its RAM   |
 //! | `resume`           | start the vCPUs                         | same                               |
 //! | `guest_health`     | wait for the agent's `/health`          | same                               |
@@ -133,28 +133,138 @@ pub struct SavedState {
 /// Resumes sandbox `id` whose disk is in `dir` from a saved state: its
 /// own paused snapshot (see [`crate::paused`]), or a snapshot or fork of
 /// another sandbox of `template`.
+///
+/// A state saved over the template's memory resumes into a VMM the pool
+/// has waiting for the template, handed the sandbox's disk and run
+/// directory ([`adopt_pooled`]); with none waiting, or over other memory (a
+/// user snapshot's), one is spawned over the sandbox's disk.
 pub async fn from_saved(
     node: &Arc<Node>,
+    pool: &Arc<VmmPool>,
     template: &Template,
     id: &str,
     dir: &Path,
     saved: SavedState,
     params: &ResumeParams,
 ) -> Result<Resumed> {
-    let SavedState { state, memory } = saved;
     template.check_compatible(node.vmm.info())?;
-    let disk = dir.join(crate::sandbox::DISK_FILE);
-    let run_dir = dir.join("run");
     let mut clock = StageClock::start();
     let prefetch = node.prefetch.start(&node.config.layout().repo(), template);
+    let waiting = if saved.memory == template.memory_path() {
+        clock
+            .time(Stage::VmmPoolAcquire, pool.take_waiting(template))
+            .await
+    } else {
+        None
+    };
+    let sandbox = SavedSandbox { id, dir, saved };
+    let guard = match waiting {
+        Some(entry) => adopt_pooled(node, pool, &mut clock, entry, &sandbox, params).await?,
+        None => spawn_for_saved(node, &mut clock, template, &sandbox, params).await?,
+    };
+    let target = Target {
+        state: &sandbox.saved.state,
+        dir: dir.to_path_buf(),
+        template,
+    };
+    finish(node, clock, target, params, guard, prefetch).await
+}
 
+/// The sandbox a saved state is resumed as.
+struct SavedSandbox<'a> {
+    id: &'a str,
+    /// Its directory: `disk.qcow2` and `run/`.
+    dir: &'a Path,
+    saved: SavedState,
+}
+
+impl SavedSandbox<'_> {
+    fn disk(&self) -> PathBuf {
+        self.dir.join(crate::sandbox::DISK_FILE)
+    }
+    fn run_dir(&self) -> PathBuf {
+        self.dir.join("run")
+    }
+    /// The disk and the saved state exist.
+    fn check_files(&self) -> Result<()> {
+        let (disk, state) = (self.disk(), &self.saved.state);
+        std::fs::metadata(&disk).ctx("sandbox disk", &disk)?;
+        std::fs::metadata(state).ctx("sandbox saved state", state)?;
+        Ok(())
+    }
+}
+
+/// Hands a pooled VMM to the sandbox: its own disk in place of the pool's
+/// fresh overlay, and the VMM's run directory (control socket, logs) moved
+/// into the sandbox's directory. The `rootfs_bind` stage. On failure the
+/// pooled VMM is discarded and the sandbox's files are left as they were.
+async fn adopt_pooled<'a>(
+    node: &'a Arc<Node>,
+    pool: &Arc<VmmPool>,
+    clock: &mut StageClock,
+    mut entry: PooledVm,
+    sandbox: &SavedSandbox<'_>,
+    params: &ResumeParams,
+) -> Result<Cleanup<'a>> {
+    let disk = siesta_vmm::DiskSpec {
+        path: sandbox.disk(),
+        format: siesta_vmm::DiskFormat::Qcow2,
+        read_only: false,
+        backing: params.disk_backing.clone(),
+    };
+    let run_dir = sandbox.run_dir();
+    let bound = clock
+        .time(Stage::RootfsBind, async {
+            sandbox.check_files()?;
+            entry
+                .vm
+                .replace_disk(disk)
+                .await
+                .map_err(|source| Error::vmm(sandbox.id.to_string(), source))?;
+            // A stale run directory of the sandbox's last VMM, if any.
+            match std::fs::remove_dir_all(&run_dir) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(e).ctx("removing the old run directory", &run_dir)
+                }
+                _ => {}
+            }
+            std::fs::rename(&entry.run_dir, &run_dir)
+                .ctx("moving the VMM's run directory", &run_dir)
+        })
+        .await;
+    if let Err(e) = bound {
+        pool.discard(entry).await;
+        return Err(e);
+    }
+    entry.vm.rename(sandbox.id, &run_dir);
+    // What is left there is the pool's overlay, which the VMM closed.
+    let _ = std::fs::remove_dir_all(&entry.dir);
+    tracing::debug!(sandbox = sandbox.id, pooled = %entry.id, "paused sandbox resumes into a pooled VMM");
+    Ok(Cleanup::new(
+        node,
+        sandbox.id.to_string(),
+        entry.vm,
+        entry.slot,
+        run_dir,
+    ))
+}
+
+/// Spawns a VMM over the sandbox's disk, mapping the memory its state was
+/// saved over (the `vmm_pool_acquire` stage, as a pool miss).
+async fn spawn_for_saved<'a>(
+    node: &'a Arc<Node>,
+    clock: &mut StageClock,
+    template: &Template,
+    sandbox: &SavedSandbox<'_>,
+    params: &ResumeParams,
+) -> Result<Cleanup<'a>> {
     let slot = clock
-        .time(Stage::NetworkSetup, node.acquire_slot(id))
+        .time(Stage::NetworkSetup, node.acquire_slot(sandbox.id))
         .await?;
     let checked = clock
         .time(Stage::RootfsBind, async {
-            std::fs::metadata(&disk).ctx("sandbox disk", &disk)?;
-            std::fs::metadata(&state).ctx("sandbox saved state", &state)?;
+            sandbox.check_files()?;
+            let run_dir = sandbox.run_dir();
             std::fs::create_dir_all(&run_dir).ctx("creating run directory", &run_dir)
         })
         .await;
@@ -162,30 +272,37 @@ pub async fn from_saved(
         node.release_slot(slot).await;
         return Err(e);
     }
-    let mut spec = incoming_spec(node, template, id, run_dir.clone(), disk, &slot);
+    let run_dir = sandbox.run_dir();
+    let mut spec = incoming_spec(
+        node,
+        template,
+        sandbox.id,
+        run_dir.clone(),
+        sandbox.disk(),
+        &slot,
+    );
     if let Some(d) = spec.disk.as_mut() {
         d.backing.clone_from(&params.disk_backing);
     }
     // The blob the state was saved over (see `memory_save`).
-    spec.memory.path = memory;
+    spec.memory.path.clone_from(&sandbox.saved.memory);
     let spawned = clock
         .time(Stage::VmmPoolAcquire, node.vmm.spawn(&spec))
         .await;
-    let vm = match spawned {
-        Ok(vm) => vm,
+    match spawned {
+        // A failed resume of a paused sandbox keeps its disk and saved state.
+        Ok(vm) => Ok(Cleanup::new(
+            node,
+            sandbox.id.to_string(),
+            vm,
+            slot,
+            run_dir,
+        )),
         Err(source) => {
             node.release_slot(slot).await;
-            return Err(Error::vmm(id.to_string(), source));
+            Err(Error::vmm(sandbox.id.to_string(), source))
         }
-    };
-    // A failed resume of a paused sandbox keeps its disk and saved state.
-    let guard = Cleanup::new(node, id.to_string(), vm, slot, run_dir);
-    let target = Target {
-        state: &state,
-        dir: dir.to_path_buf(),
-        template,
-    };
-    finish(node, clock, target, params, guard, prefetch).await
+    }
 }
 
 /// What a resume loads (`state`), where the sandbox lives (`dir`) and the

@@ -400,7 +400,8 @@ impl SandboxManager {
                         state: state.to_path_buf(),
                         memory: origin.memory.to_path_buf(),
                     };
-                    resume::from_saved(&self.node, template, &id, &dir, saved, &params).await
+                    resume::from_saved(&self.node, &self.pool, template, &id, &dir, saved, &params)
+                        .await
                 }
                 None => resume::cold_boot(&self.node, template, &id, &dir, &params).await,
             }

@@ -102,6 +102,30 @@ async fn vm_lifecycle_end_to_end() {
     }
 }
 
+/// The paused sandbox `id` was resumed by the VMM the pool had waiting
+/// (spawned under another name), which now has the sandbox's own disk open
+/// and closed the pool's fresh overlay.
+fn assert_resumed_in_pooled_vmm(pid: u32, id: &str, sandbox_dir: &Path) {
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+    assert!(
+        !String::from_utf8_lossy(&cmdline).contains(&format!("guest={id}")),
+        "the paused sandbox's VMM was spawned for it, not taken from the pool"
+    );
+    let open: Vec<std::path::PathBuf> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .collect();
+    let qcow2: Vec<_> = open
+        .iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "qcow2"))
+        .collect();
+    assert_eq!(qcow2, [&sandbox_dir.join("disk.qcow2")], "{open:?}");
+    assert!(
+        sandbox_dir.join("run/vmm.sock").exists(),
+        "run directory moved in"
+    );
+}
+
 async fn scenario(node: &Arc<Node>, m: &Arc<SandboxManager>, home: &Path) {
     // Template: boot the base image, wait for the agent, freeze it.
     let opts = BuildOptions {
@@ -154,6 +178,26 @@ async fn scenario(node: &Arc<Node>, m: &Arc<SandboxManager>, home: &Path) {
         "nohup sleep 1000 >/dev/null 2>&1 & echo $! > /home/user/sleep.pid",
     )
     .await;
+    // 96 MiB written to a tmpfs and deleted: memory the guest has freed.
+    // Its template's kernel zeroes freed pages, so the pause below stores
+    // none of it (checked by the state's size).
+    assert!(t.record.kernel_cmdline.contains("init_on_free=1"));
+    let freed = m
+        .exec(
+            &a.id,
+            "mkdir -p /run/freed && mount -t tmpfs -o size=112m tmpfs /run/freed && \
+             head -c 96M /dev/urandom > /run/freed/data && rm /run/freed/data && umount /run/freed",
+            Some("root"),
+            |_, _| {},
+        )
+        .await
+        .expect("exec");
+    assert_eq!(
+        freed.exit_code,
+        0,
+        "{}",
+        String::from_utf8_lossy(&freed.stderr)
+    );
     m.pause(&a.id).await.expect("pause");
     assert!(matches!(
         m.pause(&a.id).await,
@@ -176,12 +220,13 @@ async fn scenario(node: &Arc<Node>, m: &Arc<SandboxManager>, home: &Path) {
     assert!(repo.check().unwrap().is_clean());
 
     // Only the pages the guest changed since the template were saved: far
-    // less than its 512 MiB of RAM, with the digest in the record.
+    // less than its 512 MiB of RAM (and than the 96 MiB it wrote and
+    // freed), with the digest in the record.
     let state = repo.file_path(&pause, STATE).unwrap();
     let good = std::fs::read(&state).unwrap();
     assert!(
         good.len() < 64 << 20,
-        "a pause saved {} bytes: more than the guest's changed pages",
+        "a pause saved {} bytes: more than the guest's changed pages (freed memory carried?)",
         good.len()
     );
     assert!(
@@ -206,9 +251,13 @@ async fn scenario(node: &Arc<Node>, m: &Arc<SandboxManager>, home: &Path) {
     }
     std::fs::write(&state, &good).unwrap();
 
+    m.wait_pool_ready("base", Duration::from_secs(120))
+        .await
+        .expect("a pooled VMM waits");
     let resumed = m.resume(&a.id).await.expect("resume");
     assert!(repo.get(&pause.id).is_err(), "a resume consumes its pause");
     assert!(resumed.timings.is_some());
+    assert_resumed_in_pooled_vmm(resumed.vmm_pid.expect("pid"), &a.id, &sandbox_dir);
     assert_eq!(
         exec_ok(m, &a.id, "cat /home/user/state.txt").await.trim(),
         "persist-me"

@@ -29,6 +29,14 @@ pub struct PauseArgs {
     samples: usize,
     #[arg(long, default_value = "base")]
     template: String,
+    /// A second template measured in the same run, interleaved with the
+    /// first (e.g. one built with other kernel arguments).
+    #[arg(long)]
+    against: Option<String>,
+    /// Delete what was written before pausing: the guest has freed that
+    /// memory, and a pause that returns freed memory stores none of it.
+    #[arg(long)]
+    free: bool,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
@@ -37,6 +45,8 @@ pub struct PauseArgs {
 /// One pause and the resume after it.
 #[derive(Debug, Clone, Copy)]
 struct Measured {
+    /// The guest command that writes (and with `--free` deletes) the data.
+    write_ms: f64,
     pause_ms: f64,
     stored_mib: f64,
     resume_ms: f64,
@@ -54,38 +64,70 @@ pub async fn run(args: PauseArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-type Row = (u64, Vec<Measured>, Vec<Measured>);
+/// One template and size: changed-pages pauses, then full saves.
+struct Row {
+    template: String,
+    dirty: u64,
+    changed: Vec<Measured>,
+    full: Vec<Measured>,
+}
+
+impl PauseArgs {
+    fn templates(&self) -> Vec<&str> {
+        std::iter::once(self.template.as_str())
+            .chain(self.against.as_deref())
+            .collect()
+    }
+}
 
 async fn measure_all(manager: &SandboxManager, args: &PauseArgs) -> anyhow::Result<Vec<Row>> {
-    manager.warm(&args.template)?;
+    let templates = args.templates();
+    for t in &templates {
+        manager.warm(t)?;
+    }
     let mut rows = Vec::new();
     for &dirty in &args.dirty_mib {
-        let (mut changed, mut full) = (Vec::new(), Vec::new());
+        let mut these: Vec<Row> = templates
+            .iter()
+            .map(|t| Row {
+                template: t.to_string(),
+                dirty,
+                changed: Vec::new(),
+                full: Vec::new(),
+            })
+            .collect();
         for i in 0..args.samples {
+            // Which template, and which way of saving, goes first alternates.
             let order = if i % 2 == 0 {
                 [SaveMemory::Changed, SaveMemory::Full]
             } else {
                 [SaveMemory::Full, SaveMemory::Changed]
             };
-            for how in order {
-                let m = measure(manager, &args.template, dirty, how)
-                    .await
-                    .with_context(|| format!("{how:?} pause with {dirty} MiB written"))?;
-                match how {
-                    SaveMemory::Changed => changed.push(m),
-                    SaveMemory::Full => full.push(m),
+            for k in 0..these.len() {
+                let row = &mut these[(k + i) % templates.len()];
+                for how in order {
+                    let m = measure(manager, args, &row.template, dirty, how)
+                        .await
+                        .with_context(|| {
+                            format!("{how:?} pause of {} with {dirty} MiB written", row.template)
+                        })?;
+                    match how {
+                        SaveMemory::Changed => row.changed.push(m),
+                        SaveMemory::Full => row.full.push(m),
+                    }
                 }
             }
         }
-        rows.push((dirty, changed, full));
+        rows.extend(these);
     }
     Ok(rows)
 }
 
-/// A fresh sandbox writes `dirty` MiB, is paused as `how` says, resumed and
-/// checked, and killed.
+/// A fresh sandbox writes `dirty` MiB (then deletes it with `--free`), is
+/// paused as `how` says, resumed and checked, and killed.
 async fn measure(
     manager: &SandboxManager,
+    args: &PauseArgs,
     template: &str,
     dirty: u64,
     how: SaveMemory,
@@ -93,23 +135,33 @@ async fn measure(
     let info = create_pooled(manager, template).await?;
     let id = info.id.clone();
     let result = async {
-        let write = format!(
+        let mut write = format!(
             "mkdir -p /run/dirty && mount -t tmpfs -o size={}m tmpfs /run/dirty && \
              head -c {dirty}M /dev/urandom > /run/dirty/data && md5sum /run/dirty/data",
             dirty + 16
         );
+        // What is checked after the resume: the data, or that it is gone.
+        let check = if args.free {
+            write.push_str(" >/dev/null && rm /run/dirty/data && sync && ls /run/dirty");
+            "ls /run/dirty"
+        } else {
+            "md5sum /run/dirty/data"
+        };
+        let t0 = Instant::now();
         let before = guest(manager, &id, &write).await?;
+        let write_ms = t0.elapsed().as_secs_f64() * 1e3;
         let t0 = Instant::now();
         let report = manager.pause_with(&id, how).await?;
         let pause_ms = t0.elapsed().as_secs_f64() * 1e3;
         let t0 = Instant::now();
         manager.resume(&id).await?;
         let resume_ms = t0.elapsed().as_secs_f64() * 1e3;
-        let after = guest(manager, &id, "md5sum /run/dirty/data").await?;
+        let after = guest(manager, &id, check).await?;
         if after != before {
-            bail!("the data written before the pause changed: {before:?} then {after:?}");
+            bail!("the guest's files changed over the pause: {before:?} then {after:?}");
         }
         Ok(Measured {
+            write_ms,
             pause_ms,
             stored_mib: report.state_bytes as f64 / (1 << 20) as f64,
             resume_ms,
@@ -141,9 +193,12 @@ fn report(args: &PauseArgs, rows: &[Row]) {
     if args.json {
         let rows: Vec<_> = rows
             .iter()
-            .map(|(dirty, c, f)| {
+            .map(|r| {
+                let (c, f) = (&r.changed, &r.full);
                 json!({
-                    "dirty_mib": dirty,
+                    "template": r.template,
+                    "dirty_mib": r.dirty,
+                    "write_ms": p50(c, |m| m.write_ms),
                     "pause_ms": p50(c, |m| m.pause_ms),
                     "stored_mib": p50(c, |m| m.stored_mib),
                     "resume_ms": p50(c, |m| m.resume_ms),
@@ -154,19 +209,32 @@ fn report(args: &PauseArgs, rows: &[Row]) {
                 })
             })
             .collect();
-        println!("{}", json!({ "template": args.template, "rows": rows }));
+        println!(
+            "{}",
+            json!({ "template": args.template, "free": args.free, "rows": rows })
+        );
         return;
     }
     println!(
-        "siesta bench pause: template {}, {} pairs per size (p50 of each)\n",
-        args.template, args.samples
+        "siesta bench pause: template {}, {} pairs per size (p50 of each){}\n",
+        args.templates().join(" and "),
+        args.samples,
+        if args.free {
+            "; what was written is deleted before the pause"
+        } else {
+            ""
+        }
     );
-    println!("| Written MiB | Pause, changed pages | Stored | Pause, all of RAM | Stored | Pause ratio | Resume after changed | Resume after all |");
-    println!("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
-    for (dirty, c, f) in rows {
+    println!("| Template | Written MiB | Guest write | Pause, changed pages | Stored | Pause, all of RAM | Stored | Pause ratio | Resume after changed | Resume after all |");
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    for r in rows {
+        let (c, f) = (&r.changed, &r.full);
         let (pc, pf) = (p50(c, |m| m.pause_ms), p50(f, |m| m.pause_ms));
         println!(
-            "| {dirty} | {pc:.1} ms | {:.1} MiB | {pf:.1} ms | {:.1} MiB | {:.3} (1/{:.1}) | {:.1} ms | {:.1} ms |",
+            "| {} | {} | {:.1} ms | {pc:.1} ms | {:.1} MiB | {pf:.1} ms | {:.1} MiB | {:.3} (1/{:.1}) | {:.1} ms | {:.1} ms |",
+            r.template,
+            r.dirty,
+            p50(c, |m| m.write_ms),
             p50(c, |m| m.stored_mib),
             p50(f, |m| m.stored_mib),
             pc / pf,

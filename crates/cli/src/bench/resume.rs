@@ -116,9 +116,13 @@ async fn measure(
             .with_context(|| format!("resume {} of {}", i + 1, args.samples))?;
         out.from_template
             .push(info.timings.clone().unwrap_or_default());
+        // Both paths resume into a VMM the pool has waiting.
         let paused = async {
             manager.pause(&info.id).await?;
-            manager.resume(&info.id).await
+            manager
+                .wait_pool_ready(&args.template, std::time::Duration::from_secs(120))
+                .await?;
+            anyhow::Ok(manager.resume(&info.id).await?)
         }
         .await
         .with_context(|| format!("pause and resume {} of {}", i + 1, args.samples));

@@ -216,7 +216,7 @@ async fn freeze_into(
     let memory = work.join(record::MEMORY_FILE);
     let state = work.join(record::STATE_FILE);
     let id = format!("build-{}", opts.name);
-    let spec = boot_spec(
+    let mut spec = boot_spec(
         node,
         &id,
         work,
@@ -225,6 +225,7 @@ async fn freeze_into(
         disk.clone(),
         DiskFormat::Raw,
     );
+    spec.cmdline = node.template_kernel_cmdline();
     let run_dir = spec.run_dir.clone();
     let guest_assets = record::guest_assets_digest(&layout)?;
     let (booted, cold_boot_ms) = boot_until_healthy(node, spec).await?;
@@ -239,7 +240,7 @@ async fn freeze_into(
         memory_mib: node.config.memory_mib,
         vmm: node.vmm.info().clone(),
         kernel: layout.kernel().display().to_string(),
-        kernel_cmdline: node.kernel_cmdline(),
+        kernel_cmdline: node.template_kernel_cmdline(),
         memory: file_record(&memory)?,
         state: file_record(&state)?,
         disk: file_record(&disk)?,

@@ -144,7 +144,7 @@ async fn assemble(
             &format!("steps 1-{reused} of {}: cached", build.steps.len()),
         );
     }
-    let spec = boot_spec(
+    let mut spec = boot_spec(
         node,
         &id,
         work,
@@ -153,6 +153,7 @@ async fn assemble(
         layers.vm_disk(),
         DiskFormat::Qcow2,
     );
+    spec.cmdline = node.template_kernel_cmdline();
     let run_dir = spec.run_dir.clone();
     let started = Instant::now();
     let (mut booted, cold_boot_ms) = match boot_until_healthy(node, spec).await {
@@ -228,7 +229,7 @@ async fn assemble(
         memory_mib: size.memory_mib,
         vmm: node.vmm.info().clone(),
         kernel: node.config.layout().kernel().display().to_string(),
-        kernel_cmdline: node.kernel_cmdline(),
+        kernel_cmdline: node.template_kernel_cmdline(),
         memory: file_record(&memory)?,
         state: file_record(&state)?,
         disk: file_record(&disk)?,
