@@ -16,7 +16,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use siesta_vmm::{MemorySave, SaveInfo, VmInstance, VmmError};
+use siesta_vmm::{MemorySave, SaveInfo, StateWrite, VmInstance, VmmError};
 
 use crate::template::Template;
 
@@ -27,6 +27,10 @@ pub enum SaveMemory {
     /// all of RAM.
     #[default]
     Changed,
+    /// As `Changed`, but the state file's writeback starts only at its
+    /// fsync (what `Changed` did before it started writeback as it wrote;
+    /// kept for `siesta bench pause --compare write-behind`).
+    ChangedSyncAtEnd,
     /// All of guest RAM (what every save did before; kept for
     /// `siesta bench pause`, which compares the two).
     Full,
@@ -56,8 +60,13 @@ pub(crate) async fn save(
     how: SaveMemory,
 ) -> Result<SaveReport, VmmError> {
     let t0 = Instant::now();
-    if how == SaveMemory::Changed && maps_template_blob(vm, template) {
-        match vm.save_changed_pages(state, &template.state).await {
+    let write = match how {
+        SaveMemory::Changed => Some(StateWrite::Behind),
+        SaveMemory::ChangedSyncAtEnd => Some(StateWrite::AtEnd),
+        SaveMemory::Full => None,
+    };
+    if let Some(write) = write.filter(|_| maps_template_blob(vm, template)) {
+        match vm.save_changed_pages(state, &template.state, write).await {
             Ok(info) => return Ok(report(MemorySave::ChangedPages, &info, t0)),
             Err(e) => tracing::warn!(
                 vm = vm.id(),

@@ -60,6 +60,18 @@ pub enum MemorySave {
     ChangedPages,
 }
 
+/// How a save puts its state file on disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StateWrite {
+    /// Start the writeback of every few MiB as they are written,
+    /// then fsync.
+    #[default]
+    Behind,
+    /// Write everything, then fsync (what saves did before; kept so that
+    /// `siesta bench pause --compare write-behind` measures the two).
+    AtEnd,
+}
+
 /// What a restore did and how long it took.
 #[derive(Debug, Clone)]
 pub struct RestoreInfo {
@@ -128,9 +140,14 @@ pub trait VmInstance: Send + Sync {
     /// size: its template. Restore it into a VM whose memory is a private
     /// mapping of the very same, unmodified backing file. A running VM is
     /// paused first and stays paused; on error it is as it was, so a full
-    /// [`VmInstance::save`] may follow.
-    async fn save_changed_pages(&mut self, state: &Path, base: &Path)
-        -> Result<SaveInfo, VmmError>;
+    /// [`VmInstance::save`] may follow. `write` says when the file's
+    /// writeback starts ([`StateWrite::Behind`] unless comparing).
+    async fn save_changed_pages(
+        &mut self,
+        state: &Path,
+        base: &Path,
+        write: StateWrite,
+    ) -> Result<SaveInfo, VmmError>;
 
     /// The file the VM's RAM is mapped from.
     fn memory_file(&self) -> &Path;

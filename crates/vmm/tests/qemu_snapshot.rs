@@ -19,7 +19,8 @@ use std::time::{Duration, Instant};
 
 use siesta_vmm::qemu::QemuVmm;
 use siesta_vmm::{
-    AccelChoice, LaunchMode, LaunchSpec, MemoryBacking, MemorySave, VmInstance, Vmm, VmmError,
+    AccelChoice, LaunchMode, LaunchSpec, MemoryBacking, MemorySave, StateWrite, VmInstance, Vmm,
+    VmmError,
 };
 
 const MEMORY_MIB: u64 = 256;
@@ -259,7 +260,12 @@ async fn changed_pages_chain(
         last = *ticks(&log).last().unwrap();
         state = env.dir.join(format!("c{generation}.changed"));
         vms[vm]
-            .save_changed_pages(&state, tmpl_state)
+            // Both ways of writing the file, one per generation.
+            .save_changed_pages(
+                &state,
+                tmpl_state,
+                [StateWrite::Behind, StateWrite::AtEnd][generation % 2],
+            )
             .await
             .expect("save changed pages again");
         vms[vm].shutdown().await.expect("shutdown");
@@ -272,7 +278,7 @@ async fn changed_pages_chain(
     vms[vm].resume().await.expect("resume");
     assert_continues(&log, last).await;
     let e = vms[vm]
-        .save_changed_pages(&env.dir.join("c3.changed"), changed)
+        .save_changed_pages(&env.dir.join("c3.changed"), changed, StateWrite::Behind)
         .await
         .unwrap_err();
     assert!(
@@ -421,7 +427,7 @@ async fn scenario(vmm: &QemuVmm, env: &Env, vms: &mut Vms) {
     // a full save of the same VM, which must still work afterwards.
     let r1_changed = env.dir.join("r1.changed");
     let c = vms[r1]
-        .save_changed_pages(&r1_changed, &tmpl_state)
+        .save_changed_pages(&r1_changed, &tmpl_state, StateWrite::Behind)
         .await
         .expect("save r1's changed pages");
     println!(

@@ -7,11 +7,16 @@
 //! evicted), then one is paused saving changed pages and the other saving
 //! all of RAM (which goes first alternates between samples). Both are then
 //! resumed, their data checked against its checksum, and killed.
+//!
+//! `--compare write-behind` pairs two changed-pages pauses instead: one
+//! starting the state file's writeback as it is written (the default), one
+//! leaving it all to the fsync at the end.
 
 use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::{bail, Context};
+use clap::ValueEnum;
 use serde_json::json;
 use siesta_sandbox::memory_save::SaveMemory;
 use siesta_sandbox::SandboxManager;
@@ -37,9 +42,39 @@ pub struct PauseArgs {
     /// memory, and a pause that returns freed memory stores none of it.
     #[arg(long)]
     free: bool,
+    /// What the changed-pages pause is paired with: a save of all of RAM,
+    /// or the same pause with its writeback left to the final fsync.
+    #[arg(long, value_enum, default_value_t = Compare::Full)]
+    compare: Compare,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Compare {
+    /// All of RAM saved (the way every pause saved before).
+    Full,
+    /// Changed pages, with the file's writeback started only by its fsync.
+    WriteBehind,
+}
+
+impl Compare {
+    /// How the other pause of each pair saves.
+    fn other(self) -> SaveMemory {
+        match self {
+            Compare::Full => SaveMemory::Full,
+            Compare::WriteBehind => SaveMemory::ChangedSyncAtEnd,
+        }
+    }
+
+    /// Column label of the other pause.
+    fn label(self) -> &'static str {
+        match self {
+            Compare::Full => "all of RAM",
+            Compare::WriteBehind => "changed, fsync at end",
+        }
+    }
 }
 
 /// One pause and the resume after it.
@@ -48,6 +83,8 @@ struct Measured {
     /// The guest command that writes (and with `--free` deletes) the data.
     write_ms: f64,
     pause_ms: f64,
+    /// Of the pause, waiting for the state file's fsync.
+    sync_ms: f64,
     stored_mib: f64,
     resume_ms: f64,
 }
@@ -64,12 +101,13 @@ pub async fn run(args: PauseArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// One template and size: changed-pages pauses, then full saves.
+/// One template and size: changed-pages pauses, then the other kind
+/// (`--compare`).
 struct Row {
     template: String,
     dirty: u64,
     changed: Vec<Measured>,
-    full: Vec<Measured>,
+    other: Vec<Measured>,
 }
 
 impl PauseArgs {
@@ -93,15 +131,16 @@ async fn measure_all(manager: &SandboxManager, args: &PauseArgs) -> anyhow::Resu
                 template: t.to_string(),
                 dirty,
                 changed: Vec::new(),
-                full: Vec::new(),
+                other: Vec::new(),
             })
             .collect();
         for i in 0..args.samples {
             // Which template, and which way of saving, goes first alternates.
+            let other = args.compare.other();
             let order = if i % 2 == 0 {
-                [SaveMemory::Changed, SaveMemory::Full]
+                [SaveMemory::Changed, other]
             } else {
-                [SaveMemory::Full, SaveMemory::Changed]
+                [other, SaveMemory::Changed]
             };
             for k in 0..these.len() {
                 let row = &mut these[(k + i) % templates.len()];
@@ -111,9 +150,10 @@ async fn measure_all(manager: &SandboxManager, args: &PauseArgs) -> anyhow::Resu
                         .with_context(|| {
                             format!("{how:?} pause of {} with {dirty} MiB written", row.template)
                         })?;
-                    match how {
-                        SaveMemory::Changed => row.changed.push(m),
-                        SaveMemory::Full => row.full.push(m),
+                    if how == SaveMemory::Changed {
+                        row.changed.push(m);
+                    } else {
+                        row.other.push(m);
                     }
                 }
             }
@@ -163,6 +203,7 @@ async fn measure(
         Ok(Measured {
             write_ms,
             pause_ms,
+            sync_ms: report.sync.as_secs_f64() * 1e3,
             stored_mib: report.state_bytes as f64 / (1 << 20) as f64,
             resume_ms,
         })
@@ -194,24 +235,40 @@ fn report(args: &PauseArgs, rows: &[Row]) {
         let rows: Vec<_> = rows
             .iter()
             .map(|r| {
-                let (c, f) = (&r.changed, &r.full);
-                json!({
+                let (c, f) = (&r.changed, &r.other);
+                let mut row = json!({
                     "template": r.template,
                     "dirty_mib": r.dirty,
                     "write_ms": p50(c, |m| m.write_ms),
                     "pause_ms": p50(c, |m| m.pause_ms),
+                    "sync_ms": p50(c, |m| m.sync_ms),
                     "stored_mib": p50(c, |m| m.stored_mib),
                     "resume_ms": p50(c, |m| m.resume_ms),
-                    "full_save_ms": p50(f, |m| m.pause_ms),
-                    "full_stored_mib": p50(f, |m| m.stored_mib),
-                    "full_resume_ms": p50(f, |m| m.resume_ms),
                     "samples": c.len(),
-                })
+                });
+                let prefix = match args.compare {
+                    Compare::Full => "full",
+                    Compare::WriteBehind => "at_end",
+                };
+                let pause_key = match args.compare {
+                    Compare::Full => "full_save_ms".to_string(),
+                    Compare::WriteBehind => format!("{prefix}_pause_ms"),
+                };
+                row[pause_key] = json!(p50(f, |m| m.pause_ms));
+                row[format!("{prefix}_sync_ms")] = json!(p50(f, |m| m.sync_ms));
+                row[format!("{prefix}_stored_mib")] = json!(p50(f, |m| m.stored_mib));
+                row[format!("{prefix}_resume_ms")] = json!(p50(f, |m| m.resume_ms));
+                row
             })
             .collect();
         println!(
             "{}",
-            json!({ "template": args.template, "free": args.free, "rows": rows })
+            json!({
+                "template": args.template,
+                "free": args.free,
+                "compare": args.compare.to_possible_value().map(|v| v.get_name().to_string()),
+                "rows": rows,
+            })
         );
         return;
     }
@@ -225,17 +282,22 @@ fn report(args: &PauseArgs, rows: &[Row]) {
             ""
         }
     );
-    println!("| Template | Written MiB | Guest write | Pause, changed pages | Stored | Pause, all of RAM | Stored | Pause ratio | Resume after changed | Resume after all |");
-    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    let other = args.compare.label();
+    println!("| Template | Written MiB | Guest write | Pause, changed pages | fsync | Stored | Pause, {other} | fsync | Stored | Pause ratio | Resume after changed | Resume after {other} |");
+    println!(
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+    );
     for r in rows {
-        let (c, f) = (&r.changed, &r.full);
+        let (c, f) = (&r.changed, &r.other);
         let (pc, pf) = (p50(c, |m| m.pause_ms), p50(f, |m| m.pause_ms));
         println!(
-            "| {} | {} | {:.1} ms | {pc:.1} ms | {:.1} MiB | {pf:.1} ms | {:.1} MiB | {:.3} (1/{:.1}) | {:.1} ms | {:.1} ms |",
+            "| {} | {} | {:.1} ms | {pc:.1} ms | {:.1} ms | {:.1} MiB | {pf:.1} ms | {:.1} ms | {:.1} MiB | {:.3} (1/{:.1}) | {:.1} ms | {:.1} ms |",
             r.template,
             r.dirty,
             p50(c, |m| m.write_ms),
+            p50(c, |m| m.sync_ms),
             p50(c, |m| m.stored_mib),
+            p50(f, |m| m.sync_ms),
             p50(f, |m| m.stored_mib),
             pc / pf,
             pf / pc,

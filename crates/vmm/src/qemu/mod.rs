@@ -27,7 +27,7 @@ use serde_json::json;
 
 use crate::{
     Accel, AccelChoice, DiskSpec, LaunchMode, LaunchSpec, MemorySave, RestoreInfo, SaveInfo,
-    VmInstance, Vmm, VmmError, VmmInfo,
+    StateWrite, VmInstance, Vmm, VmmError, VmmInfo,
 };
 use process::QemuProcess;
 use qmp::{QmpClient, QmpError};
@@ -239,6 +239,7 @@ macro_rules! qmp {
 
 mod disk;
 mod save_changed;
+mod write_behind;
 
 impl QemuInstance {
     async fn qmp_error(&mut self, command: &str, e: QmpError) -> VmmError {
@@ -579,9 +580,10 @@ impl VmInstance for QemuInstance {
         &mut self,
         state: &Path,
         base: &Path,
+        write: StateWrite,
     ) -> Result<SaveInfo, VmmError> {
         self.check_usable("save_changed_pages")?;
-        let res = self.save_changed_inner(state, base).await;
+        let res = self.save_changed_inner(state, base, write).await;
         match &res {
             Ok(info) => tracing::info!(vm = %self.spec.id, state_bytes = info.state_bytes,
                 write_ms = info.write.as_secs_f64() * 1e3, "saved changed pages"),

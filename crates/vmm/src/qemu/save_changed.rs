@@ -14,8 +14,9 @@ use super::changed_pages::RamMapping;
 use super::cmdline::MEMORY_BACKEND_ID;
 use super::hashing_writer::HashingWriter;
 use super::ram_frame::{RamFrame, PAGE_SIZE};
+use super::write_behind::WriteBehind;
 use super::QemuInstance;
-use crate::{SaveInfo, VmmError};
+use crate::{SaveInfo, StateWrite, VmmError};
 
 /// Pages read from the VMM per `process_vm_readv` (1 MiB).
 const PAGES_PER_READ: u64 = 256;
@@ -25,6 +26,7 @@ impl QemuInstance {
         &mut self,
         state: &Path,
         base: &Path,
+        write: StateWrite,
     ) -> Result<SaveInfo, VmmError> {
         let t0 = Instant::now();
         if self.spec.memory.shared {
@@ -55,6 +57,7 @@ impl QemuInstance {
             state: state.to_path_buf(),
             frame,
             devices,
+            write,
         };
         let id = self.spec.id.clone();
         let written = tokio::task::spawn_blocking(move || job.run())
@@ -114,6 +117,7 @@ struct WriteJob {
     state: PathBuf,
     frame: RamFrame,
     devices: Vec<u8>,
+    write: StateWrite,
 }
 
 impl WriteJob {
@@ -142,7 +146,10 @@ impl WriteJob {
             .map_err(state_err("create state file"))?;
         let mut out = self
             .frame
-            .begin(BufWriter::with_capacity(1 << 20, HashingWriter::new(&file)))
+            .begin(BufWriter::with_capacity(
+                1 << 20,
+                HashingWriter::new(WriteBehind::new(&file, self.write)),
+            ))
             .map_err(state_err("write state file"))?;
         let mut buf = vec![0u8; PAGES_PER_READ as usize * PAGE_SIZE];
         for run in &runs {
