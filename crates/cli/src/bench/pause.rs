@@ -246,13 +246,9 @@ fn report(args: &PauseArgs, rows: &[Row]) {
                     "resume_ms": p50(c, |m| m.resume_ms),
                     "samples": c.len(),
                 });
-                let prefix = match args.compare {
-                    Compare::Full => "full",
-                    Compare::WriteBehind => "at_end",
-                };
-                let pause_key = match args.compare {
-                    Compare::Full => "full_save_ms".to_string(),
-                    Compare::WriteBehind => format!("{prefix}_pause_ms"),
+                let (pause_key, prefix) = match args.compare {
+                    Compare::Full => ("full_save_ms", "full"),
+                    Compare::WriteBehind => ("at_end_pause_ms", "at_end"),
                 };
                 row[pause_key] = json!(p50(f, |m| m.pause_ms));
                 row[format!("{prefix}_sync_ms")] = json!(p50(f, |m| m.sync_ms));
