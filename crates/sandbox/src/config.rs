@@ -75,6 +75,10 @@ pub struct NodeConfig {
     /// Skip re-applying a pooled slot's egress policy when it is already
     /// the one asked for (`SIESTA_POLICY_SKIP=0|1`, default on).
     pub policy_skip: bool,
+    /// Top the VMM pool up only once the resume that took a VMM from it is
+    /// ready (`SIESTA_REFILL_AFTER_READY=0|1`, default on): spawning the
+    /// replacement meanwhile takes CPU from that resume.
+    pub refill_after_ready: bool,
     /// Registries (`host` or `host:port`) that image builds reach over plain
     /// HTTP (`SIESTA_INSECURE_REGISTRIES`, comma-separated); loopback ones
     /// always are.
@@ -123,6 +127,7 @@ impl NodeConfig {
             prefetch_pad_kib: 64,
             prealloc_memory: false,
             policy_skip: true,
+            refill_after_ready: true,
             insecure_registries: Vec::new(),
             step_cache_mib: 16 << 10,
             fetch_cache_mib: 20 << 10,
@@ -193,6 +198,9 @@ impl NodeConfig {
         }
         if let Some(on) = env_flag("SIESTA_POLICY_SKIP")? {
             config.policy_skip = on;
+        }
+        if let Some(on) = env_flag("SIESTA_REFILL_AFTER_READY")? {
+            config.refill_after_ready = on;
         }
         if let Ok(dns) = std::env::var("SIESTA_EGRESS_DNS") {
             config.egress_dns =

@@ -62,6 +62,7 @@ pub struct NodeSection {
     pub prefetch_pad_kib: Option<u64>,
     pub prealloc_memory: Option<bool>,
     pub policy_skip: Option<bool>,
+    pub refill_after_ready: Option<bool>,
     pub insecure_registries: Option<Vec<String>>,
     pub step_cache_mib: Option<u64>,
     pub fetch_cache_mib: Option<u64>,
@@ -130,6 +131,7 @@ impl ConfigFile {
         set(&mut config.prefetch_pad_kib, &n.prefetch_pad_kib);
         set(&mut config.prealloc_memory, &n.prealloc_memory);
         set(&mut config.policy_skip, &n.policy_skip);
+        set(&mut config.refill_after_ready, &n.refill_after_ready);
         set(&mut config.insecure_registries, &n.insecure_registries);
         set(&mut config.step_cache_mib, &n.step_cache_mib);
         set(&mut config.fetch_cache_mib, &n.fetch_cache_mib);

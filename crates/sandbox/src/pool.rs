@@ -58,6 +58,9 @@ pub struct PoolOptions {
     /// Keep a slot's egress policy across tenants and skip re-applying it
     /// when unchanged.
     pub policy_skip: bool,
+    /// Spawn the replacement of a VMM taken from the pool only when the
+    /// resume that took it is done (see [`Refill`]), not alongside it.
+    pub refill_after_ready: bool,
 }
 
 impl PoolOptions {
@@ -66,6 +69,43 @@ impl PoolOptions {
             size: config.pool_size,
             prealloc_memory: config.prealloc_memory,
             policy_skip: config.policy_skip,
+            refill_after_ready: config.refill_after_ready,
+        }
+    }
+}
+
+/// The refill owed to a template's pool after a VMM was taken from it: a
+/// resume holds it until its guest is ready (or the resume failed), and
+/// dropping it tops the pool up in the background. Spawning the
+/// replacement alongside the resume would take CPU from it: on this
+/// project's 2-core TCG hosts a QEMU start is ~80 ms of CPU
+/// (`siesta bench resume --compare refill`). With
+/// [`PoolOptions::refill_after_ready`] off the refill starts at once.
+#[must_use = "the pool is refilled when this is dropped"]
+pub struct Refill {
+    owed: Option<(Arc<VmmPool>, Template)>,
+}
+
+impl Refill {
+    fn new(pool: &Arc<VmmPool>, template: &Template) -> Self {
+        if !pool.options.refill_after_ready {
+            pool.refill(template.clone());
+            return Self { owed: None };
+        }
+        Self {
+            owed: Some((Arc::clone(pool), template.clone())),
+        }
+    }
+}
+
+impl Drop for Refill {
+    fn drop(&mut self) {
+        // Outside a runtime (a panic unwinding past it) nothing can be
+        // spawned; the next acquire refills instead.
+        if let Some((pool, template)) = self.owed.take() {
+            if tokio::runtime::Handle::try_current().is_ok() {
+                pool.refill(template);
+            }
         }
     }
 }
@@ -103,31 +143,34 @@ impl VmmPool {
     }
 
     /// Takes a waiting VMM for `template`, or spawns one when none waits
-    /// (reported as a miss), then refills the pool in the background.
-    pub async fn acquire(self: &Arc<Self>, template: &Template) -> Result<(PooledVm, bool)> {
+    /// (reported as a miss). The pool is topped up in the background when
+    /// the returned [`Refill`] is dropped.
+    pub async fn acquire(
+        self: &Arc<Self>,
+        template: &Template,
+    ) -> Result<(PooledVm, bool, Refill)> {
         // A create resumes the template's current build: VMMs of earlier
         // builds will never be asked for again.
         for entry in self.take_stale(template).await {
             self.discard(entry).await;
         }
-        if let Some(entry) = self.take_waiting(template).await {
-            return Ok((entry, true));
+        if let Some((entry, refill)) = self.take_waiting(template).await {
+            return Ok((entry, true, refill));
         }
         let entry = self.spawn(template).await?;
         if !self.options.policy_skip {
             entry.slot.forget_policy().await;
         }
-        self.refill(template.clone());
-        Ok((entry, false))
+        Ok((entry, false, Refill::new(self, template)))
     }
 
-    /// Takes a VMM already waiting for `template`'s build, if one is, and
-    /// refills the pool in the background; never spawns, and leaves the
-    /// VMMs of other builds alone (a paused sandbox may run on a build its
-    /// template's name no longer points to). A paused sandbox of the
-    /// template resumes into it after handing it its own disk
-    /// ([`siesta_vmm::VmInstance::replace_disk`]).
-    pub async fn take_waiting(self: &Arc<Self>, template: &Template) -> Option<PooledVm> {
+    /// Takes a VMM already waiting for `template`'s build, if one is; never
+    /// spawns, and leaves the VMMs of other builds alone (a paused sandbox
+    /// may run on a build its template's name no longer points to). A
+    /// paused sandbox of the template resumes into it after handing it its
+    /// own disk ([`siesta_vmm::VmInstance::replace_disk`]). The pool is
+    /// topped up when the returned [`Refill`] is dropped.
+    pub async fn take_waiting(self: &Arc<Self>, template: &Template) -> Option<(PooledVm, Refill)> {
         let build = build_key(template);
         let entry = self
             .take_live_where(&template.record.name, |e| e.build == build)
@@ -135,8 +178,7 @@ impl VmmPool {
         if !self.options.policy_skip {
             entry.slot.forget_policy().await;
         }
-        self.refill(template.clone());
-        Some(entry)
+        Some((entry, Refill::new(self, template)))
     }
 
     /// A waiting VMM of template `name` that `wanted` accepts and that is

@@ -90,7 +90,8 @@ pub async fn from_template(
     let mut clock = StageClock::start();
     let prefetch = node.prefetch.start(&node.config.layout().repo(), template);
 
-    let (entry, hit) = clock
+    // Held to the end: the pool is topped up once this resume is done.
+    let (entry, hit, _refill) = clock
         .time(Stage::VmmPoolAcquire, pool.acquire(template))
         .await?;
     let PooledVm {
@@ -158,9 +159,15 @@ pub async fn from_saved(
         None
     };
     let sandbox = SavedSandbox { id, dir, saved };
-    let guard = match waiting {
-        Some(entry) => adopt_pooled(node, pool, &mut clock, entry, &sandbox, params).await?,
-        None => spawn_for_saved(node, &mut clock, template, &sandbox, params).await?,
+    let (guard, _refill) = match waiting {
+        Some((entry, refill)) => (
+            adopt_pooled(node, pool, &mut clock, entry, &sandbox, params).await?,
+            Some(refill),
+        ),
+        None => (
+            spawn_for_saved(node, &mut clock, template, &sandbox, params).await?,
+            None,
+        ),
     };
     let target = Target {
         state: &sandbox.saved.state,

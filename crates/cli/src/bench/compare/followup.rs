@@ -1,5 +1,5 @@
-//! `--compare pool|prealloc|policy-skip`: the seed's other follow-ups as
-//! off/on experiments. Each is work the VMM pool can do before a resume
+//! `--compare pool|prealloc|policy-skip|refill`: the seed's other
+//! follow-ups, and when the pool refills, as off/on experiments. Each is work the VMM pool can do before a resume
 //! instead of during it, so each condition is a pool configured one way
 //! ([`PoolOptions`]):
 //!
@@ -8,6 +8,7 @@
 //! | `pool`        | no VMM waiting: slot, overlay, device configuration and QEMU made on the resume path | one VMM waiting (the server's default) |
 //! | `prealloc`    | guest memory faulted in by the guest  | populated when the pooled VMM starts |
 //! | `policy-skip` | the slot's egress policy re-applied   | skipped when unchanged (the default) |
+//! | `refill`      | the replacement VMM spawned as the resume takes one | spawned once the resume is ready (the default) |
 //!
 //! Each block runs both conditions in a fresh random order; each timed
 //! resume follows an untimed baseline resume through the same pool, which
@@ -53,6 +54,13 @@ fn arms(what: Compare) -> (PoolOptions, PoolOptions) {
             },
             on,
         ),
+        Compare::Refill => (
+            PoolOptions {
+                refill_after_ready: false,
+                ..on
+            },
+            on,
+        ),
         Compare::Prefetch | Compare::Templates => {
             unreachable!("prefetch and templates have their own experiments")
         }
@@ -64,6 +72,7 @@ fn label(what: Compare) -> &'static str {
         Compare::Pool => "pool",
         Compare::Prealloc => "prealloc",
         Compare::PolicySkip => "policy-skip",
+        Compare::Refill => "refill",
         Compare::Prefetch => "prefetch",
         Compare::Templates => "templates",
     }

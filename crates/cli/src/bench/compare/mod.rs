@@ -8,7 +8,8 @@
 //!   and file-cold memory, four conditions.
 //! - `pool`, `prealloc`, `policy-skip` ([`followup`]): the seed's other
 //!   follow-ups, each work the VMM pool can take off the resume path, as
-//!   off/on pairs with the memory file warm.
+//!   off/on pairs with the memory file warm; `refill` likewise, for when
+//!   the pool spawns the VMM that replaces the one a resume took.
 //! - `templates` ([`templates`]): resumes of two templates side by side
 //!   (`--template A --against B`), say `base` and one built from an image.
 
@@ -42,6 +43,9 @@ pub enum Compare {
     /// Skipping an unchanged egress policy on a reused slot against
     /// re-applying it.
     PolicySkip,
+    /// Spawning the pool's replacement VMM once the resume is ready against
+    /// alongside it.
+    Refill,
     /// Resumes of `--template` against those of `--against`.
     Templates,
 }
@@ -86,6 +90,7 @@ fn warm_pool() -> PoolOptions {
         size: 1,
         prealloc_memory: false,
         policy_skip: true,
+        refill_after_ready: true,
     }
 }
 
