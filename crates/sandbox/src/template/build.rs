@@ -229,6 +229,12 @@ async fn freeze_into(
     let run_dir = spec.run_dir.clone();
     let guest_assets = record::guest_assets_digest(&layout)?;
     let (booted, cold_boot_ms) = boot_until_healthy(node, spec).await?;
+    if let Err(e) = warm_init(node, &id, &booted.1).await {
+        let (mut vm, slot) = booted;
+        let _ = vm.shutdown().await;
+        node.release_slot(slot).await;
+        return Err(e);
+    }
     freeze(node, &id, booted, &state).await?;
     let _ = std::fs::remove_dir_all(&run_dir);
 
@@ -253,6 +259,21 @@ async fn freeze_into(
     };
     record.store(work)?;
     Ok(record)
+}
+
+/// Has the freshly booted agent answer one `/init` (the template's
+/// defaults, the clock, entropy; no token) before the VM is frozen, so the
+/// code that every resume's `agent_init` runs has run once in the frozen
+/// guest: each resume then finds it where the first run left it instead
+/// of faulting it in (`siesta bench resume --compare templates`, see
+/// docs/benchmarks.md). Every resume sends its own `/init` anyway.
+async fn warm_init(node: &Node, id: &str, slot: &siesta_net::Slot) -> Result<()> {
+    let params = crate::envd::InitParams::new(
+        None,
+        std::collections::HashMap::new(),
+        &crate::sandbox::GuestDefaults::default(),
+    );
+    node.envd_client(id, slot, None).init(&params).await
 }
 
 /// Stops the booted VM, saves its device state to `state` (RAM stays in
