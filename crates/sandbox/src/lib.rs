@@ -30,6 +30,7 @@ mod recovery;
 pub mod remote_tier;
 pub mod resume;
 pub mod rootfs;
+mod running;
 pub mod sandbox;
 mod sandbox_template;
 pub mod snapshots;

@@ -27,12 +27,10 @@ use siesta_snapshot::{RepoError, Repository, SnapshotKind, SnapshotRecord};
 use crate::blocking;
 use crate::error::{Error, IoContext, Result};
 use crate::lifecycle::deadline;
-use crate::manager::{
-    finish_stopping, running, set_running, stop_in_background, stop_running, wrong_state,
-    SandboxManager,
-};
+use crate::manager::{wrong_state, SandboxManager};
 use crate::memory_save::{self, SaveMemory, SaveReport};
 use crate::resume::{self, SavedState};
+use crate::running::{finish_stopping, running, set_running, stop_in_background, stop_running};
 use crate::sandbox::{Sandbox, SandboxState};
 use crate::template::Template;
 

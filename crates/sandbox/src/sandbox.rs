@@ -194,7 +194,7 @@ pub struct Sandbox {
     /// `Some` while running.
     pub running: Option<Running>,
     /// A pause's stop of the VMM, left to finish after the pause returned
-    /// (see `manager::stop_in_background`); whatever uses the sandbox's
+    /// (see `running::stop_in_background`); whatever uses the sandbox's
     /// disk or VM next waits for it.
     pub stopping: Option<tokio::task::JoinHandle<()>>,
 }
