@@ -229,10 +229,9 @@ async fn freeze_into(
     let run_dir = spec.run_dir.clone();
     let guest_assets = record::guest_assets_digest(&layout)?;
     let (booted, cold_boot_ms) = boot_until_healthy(node, spec).await?;
-    if let Err(e) = warm_init(node, &id, &booted.1).await {
-        let (mut vm, slot) = booted;
-        let _ = vm.shutdown().await;
-        node.release_slot(slot).await;
+    let client = node.envd_client(&id, &booted.1, None);
+    if let Err(e) = init_before_freeze(&client, &Default::default()).await {
+        stop_booted(node, booted).await;
         return Err(e);
     }
     freeze(node, &id, booted, &state).await?;
@@ -261,19 +260,19 @@ async fn freeze_into(
     Ok(record)
 }
 
-/// Has the freshly booted agent answer one `/init` (the template's
-/// defaults, the clock, entropy; no token) before the VM is frozen, so the
-/// code that every resume's `agent_init` runs has run once in the frozen
-/// guest: each resume then finds it where the first run left it instead
-/// of faulting it in (`siesta bench resume --compare templates`, see
-/// docs/benchmarks.md). Every resume sends its own `/init` anyway.
-async fn warm_init(node: &Node, id: &str, slot: &siesta_net::Slot) -> Result<()> {
-    let params = crate::envd::InitParams::new(
-        None,
-        std::collections::HashMap::new(),
-        &crate::sandbox::GuestDefaults::default(),
-    );
-    node.envd_client(id, slot, None).init(&params).await
+/// Has the build VM's agent answer one `/init` before the VM is frozen:
+/// the template's defaults `guest` (so the frozen agent already has them),
+/// the clock, entropy, no token. The code every resume's `agent_init` runs
+/// has then run once in the frozen guest, and each resume finds it where
+/// that run left it instead of faulting it in: half the stage
+/// (`siesta bench resume --compare templates`, docs/benchmarks.md). Each
+/// sandbox's `/init` sets everything again.
+pub(super) async fn init_before_freeze(
+    client: &crate::envd::EnvdClient,
+    guest: &crate::sandbox::GuestDefaults,
+) -> Result<()> {
+    let params = crate::envd::InitParams::new(None, std::collections::HashMap::new(), guest);
+    client.init(&params).await
 }
 
 /// Stops the booted VM, saves its device state to `state` (RAM stays in
@@ -285,9 +284,15 @@ pub(super) async fn freeze(node: &Node, id: &str, booted: Booted, state: &Path) 
         vm.save(state, MemorySave::InBackingFile).await
     }
     .await;
+    stop_booted(node, (vm, slot)).await;
+    frozen.map(drop).map_err(|source| Error::vmm(id, source))
+}
+
+/// Shuts the booted VM down and releases its slot.
+async fn stop_booted(node: &Node, booted: Booted) {
+    let (mut vm, slot) = booted;
     let _ = vm.shutdown().await;
     node.release_slot(slot).await;
-    frozen.map(drop).map_err(|source| Error::vmm(id, source))
 }
 
 /// Appends the guest's console output to a readiness error: it is usually

@@ -8,7 +8,6 @@
 //! source and the boot), `1`, `2`, ... (the steps), `finalize` (start and
 //! ready commands, freezing, publishing).
 
-use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -16,7 +15,7 @@ use std::time::{Duration, Instant};
 use siesta_vmm::DiskFormat;
 
 use super::base::Base;
-use super::build::{boot_spec, boot_until_healthy, freeze, VmSize};
+use super::build::{boot_spec, boot_until_healthy, freeze, init_before_freeze, VmSize};
 use super::layered::LayeredDisk;
 use super::publish::publish_off_thread;
 use super::record::{
@@ -24,7 +23,7 @@ use super::record::{
 };
 use super::steps::{Step, StepContext, StepsBuild};
 use super::Template;
-use crate::envd::{EnvdClient, ExecOptions, InitParams};
+use crate::envd::{EnvdClient, ExecOptions};
 use crate::error::{Error, IoContext, Result};
 use crate::layout::validate_name;
 use crate::node::Node;
@@ -454,16 +453,14 @@ async fn finalize(
         .map_err(fail)
 }
 
-/// Gives the build VM's agent the template's defaults, so the frozen
-/// agent already has them (each sandbox's `/init` sets them again).
+/// Gives the build VM's agent the template's defaults (see
+/// [`init_before_freeze`]).
 async fn init_guest(client: &EnvdClient, ctx: &StepContext) -> Result<()> {
     let guest = GuestDefaults {
         user: ctx.user.clone(),
         workdir: ctx.workdir.clone(),
     };
-    client
-        .init(&InitParams::new(None, HashMap::new(), &guest))
-        .await
+    init_before_freeze(client, &guest).await
 }
 
 async fn wait_ready(client: &EnvdClient, ctx: &StepContext, ready: &str) -> Result<()> {

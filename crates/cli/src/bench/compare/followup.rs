@@ -1,6 +1,7 @@
 //! `--compare pool|prealloc|policy-skip|refill`: the seed's other
-//! follow-ups, and when the pool refills, as off/on experiments. Each is work the VMM pool can do before a resume
-//! instead of during it, so each condition is a pool configured one way
+//! follow-ups, and when the pool refills, as off/on experiments. Each is
+//! work the VMM pool can do before a resume instead of during it (or
+//! after it), so each condition is a pool configured one way
 //! ([`PoolOptions`]):
 //!
 //! | experiment    | off                                   | on                                   |
