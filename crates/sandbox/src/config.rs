@@ -79,6 +79,13 @@ pub struct NodeConfig {
     /// ready (`SIESTA_REFILL_AFTER_READY=0|1`, default on): spawning the
     /// replacement meanwhile takes CPU from that resume.
     pub refill_after_ready: bool,
+    /// Give the host back the memory idle guests free, by switching on the
+    /// kernel's same-page merging with zero pages (`SIESTA_MEMORY_RETURN=0|1`,
+    /// default on; `siesta_vmm::memory_return`). Host-wide, left on at exit.
+    pub memory_return: bool,
+    /// KSM's `pages_to_scan` to set with it (`SIESTA_KSM_PAGES_TO_SCAN`;
+    /// unset keeps the host's, 100 pages every 20 ms on a stock kernel).
+    pub ksm_pages_to_scan: Option<u32>,
     /// Registries (`host` or `host:port`) that image builds reach over plain
     /// HTTP (`SIESTA_INSECURE_REGISTRIES`, comma-separated); loopback ones
     /// always are.
@@ -128,6 +135,8 @@ impl NodeConfig {
             prealloc_memory: false,
             policy_skip: true,
             refill_after_ready: true,
+            memory_return: true,
+            ksm_pages_to_scan: None,
             insecure_registries: Vec::new(),
             step_cache_mib: 16 << 10,
             fetch_cache_mib: 20 << 10,
@@ -201,6 +210,16 @@ impl NodeConfig {
         }
         if let Some(on) = env_flag("SIESTA_REFILL_AFTER_READY")? {
             config.refill_after_ready = on;
+        }
+        if let Some(on) = env_flag("SIESTA_MEMORY_RETURN")? {
+            config.memory_return = on;
+        }
+        if let Ok(pages) = std::env::var("SIESTA_KSM_PAGES_TO_SCAN") {
+            config.ksm_pages_to_scan = Some(
+                pages
+                    .parse()
+                    .map_err(|e| format!("SIESTA_KSM_PAGES_TO_SCAN={pages:?}: {e}"))?,
+            );
         }
         if let Ok(dns) = std::env::var("SIESTA_EGRESS_DNS") {
             config.egress_dns =

@@ -63,6 +63,8 @@ pub struct NodeSection {
     pub prealloc_memory: Option<bool>,
     pub policy_skip: Option<bool>,
     pub refill_after_ready: Option<bool>,
+    pub memory_return: Option<bool>,
+    pub ksm_pages_to_scan: Option<u32>,
     pub insecure_registries: Option<Vec<String>>,
     pub step_cache_mib: Option<u64>,
     pub fetch_cache_mib: Option<u64>,
@@ -132,6 +134,10 @@ impl ConfigFile {
         set(&mut config.prealloc_memory, &n.prealloc_memory);
         set(&mut config.policy_skip, &n.policy_skip);
         set(&mut config.refill_after_ready, &n.refill_after_ready);
+        set(&mut config.memory_return, &n.memory_return);
+        if n.ksm_pages_to_scan.is_some() {
+            config.ksm_pages_to_scan = n.ksm_pages_to_scan;
+        }
         set(&mut config.insecure_registries, &n.insecure_registries);
         set(&mut config.step_cache_mib, &n.step_cache_mib);
         set(&mut config.fetch_cache_mib, &n.fetch_cache_mib);

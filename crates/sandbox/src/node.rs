@@ -33,6 +33,22 @@ pub struct Node {
     stopped: tokio::sync::broadcast::Sender<String>,
 }
 
+/// Switches on the host's zero-page merging (see
+/// `siesta_vmm::memory_return`). A host that cannot (no KSM, no write access
+/// to sysfs) still runs sandboxes; it keeps freed guest memory until a pause,
+/// and the warning says so.
+fn start_memory_return(config: &NodeConfig) {
+    let rate = siesta_vmm::memory_return::ScanRate {
+        pages_to_scan: config.ksm_pages_to_scan,
+    };
+    match siesta_vmm::memory_return::Ksm::host().enable(rate) {
+        Ok(()) => tracing::debug!("memory return on (KSM with zero pages)"),
+        Err(e) => tracing::warn!(
+            "{e}; idle sandboxes keep the memory their guests freed until they are paused"
+        ),
+    }
+}
+
 impl Node {
     /// Starts the node: picks the accelerator, cleans network leftovers of a
     /// crashed run of the same tag and warms the slot pool.
@@ -60,6 +76,9 @@ impl Node {
             id: "node".into(),
             source,
         })?;
+        if config.memory_return {
+            start_memory_return(&config);
+        }
         let info = vmm.info();
         tracing::info!(
             vmm = %info.kind, version = %info.version, accelerator = %info.accel,

@@ -1,7 +1,8 @@
 //! End-to-end test with real VMs under QEMU: build a template from the `base`
 //! image, resume two sandboxes from it, prove memory sharing, random-state
 //! divergence, pause/resume (through a repository snapshot) with files and
-//! processes intact, a corrupt paused state losing nothing, the failure
+//! processes intact, memory a guest freed going back to the host while it
+//! runs, a corrupt paused state losing nothing, the failure
 //! cases, and that nothing is left behind.
 //!
 //! Needs root, QEMU and the guest assets (`make assets`); it is skipped with
@@ -24,13 +25,14 @@ use siesta_sandbox::{CreateRequest, Error, Node, NodeConfig, SandboxManager};
 use siesta_snapshot::record::{DISK, MEMORY, STATE};
 use siesta_snapshot::{Repository, SnapshotKind};
 
-/// KiB of `file`'s mapping in process `pid` that are shared with another
-/// process (`Shared_Clean` + `Shared_Dirty` in /proc/PID/smaps).
-fn shared_kib_of_mapping(pid: u32, file: &Path) -> u64 {
+/// KiB of `file`'s mapping in process `pid` counted under the smaps `fields`
+/// (e.g. `Shared_Clean:` and `Shared_Dirty:` for the pages it shares with
+/// another process, `Anonymous:` for its private copies).
+fn kib_of_mapping(pid: u32, file: &Path, fields: &[&str]) -> u64 {
     let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).expect("read smaps");
     let needle = file.to_string_lossy().to_string();
     let mut in_mapping = false;
-    let mut shared = 0;
+    let mut kib = 0;
     for line in smaps.lines() {
         let first = line.split_whitespace().next().unwrap_or("");
         let is_header = first.split_once('-').is_some_and(|(a, b)| {
@@ -39,11 +41,8 @@ fn shared_kib_of_mapping(pid: u32, file: &Path) -> u64 {
         if is_header {
             in_mapping = line.ends_with(&needle);
         } else if in_mapping {
-            if let Some(v) = line
-                .strip_prefix("Shared_Clean:")
-                .or_else(|| line.strip_prefix("Shared_Dirty:"))
-            {
-                shared += v
+            if let Some(v) = fields.iter().find_map(|f| line.strip_prefix(f)) {
+                kib += v
                     .trim()
                     .trim_end_matches("kB")
                     .trim()
@@ -52,7 +51,7 @@ fn shared_kib_of_mapping(pid: u32, file: &Path) -> u64 {
             }
         }
     }
-    shared
+    kib
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -100,6 +99,68 @@ async fn vm_lifecycle_end_to_end() {
     if let Err(panic) = outcome {
         std::panic::resume_unwind(panic);
     }
+}
+
+/// 128 MiB written to a tmpfs and deleted in sandbox `id`: the guest zeroes
+/// the freed pages (`init_on_free`), and the node's memory return (KSM with
+/// zero pages, on by default) gives them back to the host while the sandbox
+/// keeps running. What the guest kept is intact, and it can use the returned
+/// memory again.
+async fn memory_freed_by_a_guest_returns_to_the_host(
+    m: &Arc<SandboxManager>,
+    id: &str,
+    pid: u32,
+    mem: &Path,
+) {
+    let anon = || kib_of_mapping(pid, mem, &["Anonymous:"]);
+    let kept = exec_ok(
+        m,
+        id,
+        "head -c 16M /dev/urandom > /dev/shm/kept && md5sum < /dev/shm/kept",
+    )
+    .await;
+    let freed = m
+        .exec(
+            id,
+            "mkdir -p /run/freed && mount -t tmpfs -o size=144m tmpfs /run/freed && \
+             head -c 128M /dev/urandom > /run/freed/data && rm /run/freed/data && umount /run/freed",
+            Some("root"),
+            |_, _| {},
+        )
+        .await
+        .expect("exec");
+    assert_eq!(
+        freed.exit_code,
+        0,
+        "{}",
+        String::from_utf8_lossy(&freed.stderr)
+    );
+    let after_free = anon();
+    assert!(
+        after_free > 128 << 10,
+        "the VMM holds {after_free} KiB of private guest RAM after the guest wrote 128 MiB"
+    );
+    // ksmd's pace is the host's (a stock kernel scans 5,000 pages a second);
+    // the deadline only bounds a failure.
+    let deadline = std::time::Instant::now() + Duration::from_secs(240);
+    let mut now = after_free;
+    while now + (96 << 10) > after_free && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        now = anon();
+    }
+    assert!(
+        now + (96 << 10) <= after_free,
+        "freed guest memory not returned: {after_free} KiB private after the free, {now} KiB 240 s later"
+    );
+    assert_eq!(exec_ok(m, id, "md5sum < /dev/shm/kept").await, kept);
+    let rewritten = exec_ok(
+        m,
+        id,
+        "head -c 64M /dev/urandom | tee /dev/shm/again | md5sum; md5sum < /dev/shm/again; rm /dev/shm/again /dev/shm/kept",
+    )
+    .await;
+    let sums: Vec<&str> = rewritten.lines().collect();
+    assert!(sums.len() == 2 && sums[0] == sums[1], "{rewritten}");
 }
 
 /// The paused sandbox `id` was resumed by the VMM the pool had waiting
@@ -156,7 +217,11 @@ async fn scenario(node: &Arc<Node>, m: &Arc<SandboxManager>, home: &Path) {
     // Both VMMs map the template's memory file, and share its page cache.
     let mem = t.memory_path();
     for info in [&a, &b] {
-        let kib = shared_kib_of_mapping(info.vmm_pid.expect("pid"), &mem);
+        let kib = kib_of_mapping(
+            info.vmm_pid.expect("pid"),
+            &mem,
+            &["Shared_Clean:", "Shared_Dirty:"],
+        );
         assert!(
             kib > 0,
             "VMM {} shares no pages of {}",
@@ -169,6 +234,8 @@ async fn scenario(node: &Arc<Node>, m: &Arc<SandboxManager>, home: &Path) {
     let ra = exec_ok(m, &a.id, "head -c 32 /dev/urandom | od -An -tx1").await;
     let rb = exec_ok(m, &b.id, "head -c 32 /dev/urandom | od -An -tx1").await;
     assert_ne!(ra, rb, "two clones produced the same random bytes");
+
+    memory_freed_by_a_guest_returns_to_the_host(m, &b.id, b.vmm_pid.expect("pid"), &mem).await;
 
     // Files and processes survive pause and resume.
     exec_ok(m, &a.id, "echo persist-me > /home/user/state.txt").await;

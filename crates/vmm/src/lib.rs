@@ -17,6 +17,7 @@ use async_trait::async_trait;
 mod accel;
 mod error;
 mod info;
+pub mod memory_return;
 pub mod qemu;
 mod spec;
 

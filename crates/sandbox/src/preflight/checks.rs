@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use siesta_vmm::memory_return::{Ksm, KSM_SYSFS};
 use siesta_vmm::qemu::QemuVmm;
 use siesta_vmm::{Accel, AccelChoice, Vmm, VmmInfo};
 
@@ -249,6 +250,36 @@ fn free_bytes(path: &Path) -> std::io::Result<u64> {
         return Err(std::io::Error::last_os_error());
     }
     Ok(st.f_bavail as u64 * st.f_frsize as u64)
+}
+
+/// Memory return (`siesta_vmm::memory_return`): KSM is there and this
+/// process may switch it on, or already runs with zero pages.
+pub(super) fn memory_return(config: &NodeConfig) -> Check {
+    const NAME: &str = "memory-return";
+    if !config.memory_return {
+        return Check::ok(
+            NAME,
+            "off (memory_return = false): idle sandboxes keep what their guests free until paused",
+        );
+    }
+    let ksm = Ksm::host();
+    match ksm.is_enabled() {
+        Ok(true) => Check::ok(NAME, "KSM runs with zero pages"),
+        Ok(false) if ksm.writable() => Check::ok(
+            NAME,
+            "KSM is off; the node switches it on at start (run=1, use_zero_pages=1)",
+        ),
+        Ok(false) => Check::warn(
+            NAME,
+            format!("KSM is off and {KSM_SYSFS}/run is not writable here"),
+            "run as root, or set memory_return = false",
+        ),
+        Err(e) => Check::warn(
+            NAME,
+            e.to_string(),
+            "idle sandboxes keep what their guests free until paused; a host kernel with CONFIG_KSM returns it",
+        ),
+    }
 }
 
 /// The node's SQLite database: readable and intact, or creatable.

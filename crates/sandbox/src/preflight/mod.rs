@@ -178,6 +178,7 @@ pub fn run(config: &NodeConfig, opts: &PreflightOptions) -> Report {
     ));
     checks.push(checks::disk(config, opts));
     checks.push(checks::database(config));
+    checks.push(checks::memory_return(config));
     Report { checks }
 }
 
