@@ -35,9 +35,11 @@ pub struct DensityArgs {
 
 /// Memory of one VMM process, in KiB.
 #[derive(Debug, Default, Clone, Copy)]
-struct VmmMemory {
+pub(super) struct VmmMemory {
     pss_kib: u64,
     ram_pss_kib: u64,
+    /// The guest RAM mapping's private copies: pages the guest wrote.
+    pub(super) ram_anon_kib: u64,
 }
 
 pub async fn run(args: DensityArgs) -> anyhow::Result<ExitCode> {
@@ -89,7 +91,7 @@ async fn measure(
 }
 
 /// PSS of process `pid` in all, and of its mappings of inode `ram_inode`.
-fn vmm_memory(pid: u32, ram_inode: u64) -> anyhow::Result<VmmMemory> {
+pub(super) fn vmm_memory(pid: u32, ram_inode: u64) -> anyhow::Result<VmmMemory> {
     let path = format!("/proc/{pid}/smaps");
     let smaps = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
     Ok(parse_smaps(&smaps, ram_inode))
@@ -110,6 +112,8 @@ fn parse_smaps(smaps: &str, ram_inode: u64) -> VmmMemory {
             if in_ram {
                 m.ram_pss_kib += kib;
             }
+        } else if first == "Anonymous:" && in_ram {
+            m.ram_anon_kib += fields.next().and_then(|v| v.parse().ok()).unwrap_or(0);
         }
     }
     m
@@ -169,14 +173,17 @@ mod tests {
 7f00-7f10 rw-p 00000000 fd:01 4242 /var/lib/siesta/repo/blobs/abc
 Size:              65536 kB
 Pss:                1000 kB
+Anonymous:           800 kB
 7f10-7f20 rw-p 00000000 00:00 0
 Pss:                 300 kB
 Pss_Anon:            300 kB
+Anonymous:           300 kB
 7f20-7f30 r-xp 00000000 fd:01 99 /usr/bin/qemu-system-x86_64
 Pss:                  50 kB
 ";
         let m = parse_smaps(smaps, 4242);
         assert_eq!(m.pss_kib, 1350);
         assert_eq!(m.ram_pss_kib, 1000);
+        assert_eq!(m.ram_anon_kib, 800);
     }
 }

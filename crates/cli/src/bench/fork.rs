@@ -13,7 +13,7 @@ use anyhow::{bail, Context};
 use serde_json::json;
 use siesta_sandbox::SandboxManager;
 
-use super::session::{create_pooled, Session};
+use super::session::{create_pooled, guest_root, Session};
 use crate::stats::summarize;
 
 #[derive(clap::Args)]
@@ -58,7 +58,7 @@ async fn measure_all(manager: &SandboxManager, args: &ForkArgs) -> anyhow::Resul
             .push(source.timings.as_ref().map_or(0.0, |t| t.total_ms));
         let marker = format!("sample-{i}-{}", source.id);
         let result = async {
-            exec(manager, &source.id, &format!("echo {marker} > /tmp/marker")).await?;
+            guest_root(manager, &source.id, &format!("echo {marker} > /tmp/marker")).await?;
             m.single_resume_ms
                 .push(fork_and_check(manager, &source.id, 1, &marker).await?);
             m.fork_ms
@@ -96,7 +96,7 @@ async fn fork_and_check(
     let mut checked = Ok(());
     for id in &ids {
         if checked.is_ok() {
-            checked = match exec(manager, id, "cat /tmp/marker").await {
+            checked = match guest_root(manager, id, "cat /tmp/marker").await {
                 Ok(got) if got.trim() == marker => Ok(()),
                 Ok(got) => Err(anyhow::anyhow!(
                     "child {id} has marker {got:?}, not {marker:?}"
@@ -111,14 +111,6 @@ async fn fork_and_check(
     }
     checked?;
     Ok(ms)
-}
-
-async fn exec(manager: &SandboxManager, id: &str, cmd: &str) -> anyhow::Result<String> {
-    let out = manager.exec(id, cmd, Some("root"), |_, _| {}).await?;
-    if out.exit_code != 0 {
-        bail!("`{cmd}` in {id} exited {}", out.exit_code);
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 fn report(args: &ForkArgs, m: &Measured) {

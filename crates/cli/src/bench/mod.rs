@@ -6,6 +6,7 @@ mod compare;
 mod concurrent;
 mod density;
 mod fork;
+mod memory_return;
 mod pagecache;
 mod paired;
 mod pause;
@@ -30,6 +31,9 @@ pub enum BenchCommand {
     /// Host memory (PSS) of N idle sandboxes over N times their guest
     /// memory.
     Density(density::DensityArgs),
+    /// A running sandbox frees N MiB: how much of it the host gets back,
+    /// and how fast, with memory return on and off.
+    MemoryReturn(memory_return::MemoryReturnArgs),
     /// Sequential write and read, and 1,000 small files, through a volume
     /// mount against the sandbox's own disk, in one sandbox, interleaved.
     Volume(volume::VolumeArgs),
@@ -45,6 +49,7 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<ExitCode> {
         BenchCommand::Pause(args) => pause::run(args).await,
         BenchCommand::Fork(args) => fork::run(args).await,
         BenchCommand::Density(args) => density::run(args).await,
+        BenchCommand::MemoryReturn(args) => memory_return::run(args).await,
         BenchCommand::Volume(args) => volume::run(args).await,
     }
 }

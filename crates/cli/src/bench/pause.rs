@@ -21,7 +21,7 @@ use serde_json::json;
 use siesta_sandbox::memory_save::SaveMemory;
 use siesta_sandbox::SandboxManager;
 
-use super::session::{create_pooled, Session};
+use super::session::{create_pooled, guest_root, Session};
 use crate::stats::summarize;
 
 #[derive(clap::Args)]
@@ -188,7 +188,7 @@ async fn measure(
             "md5sum /run/dirty/data"
         };
         let t0 = Instant::now();
-        let before = guest(manager, &id, &write).await?;
+        let before = guest_root(manager, &id, &write).await?;
         let write_ms = t0.elapsed().as_secs_f64() * 1e3;
         let t0 = Instant::now();
         let report = manager.pause_with(&id, how).await?;
@@ -196,7 +196,7 @@ async fn measure(
         let t0 = Instant::now();
         manager.resume(&id).await?;
         let resume_ms = t0.elapsed().as_secs_f64() * 1e3;
-        let after = guest(manager, &id, check).await?;
+        let after = guest_root(manager, &id, check).await?;
         if after != before {
             bail!("the guest's files changed over the pause: {before:?} then {after:?}");
         }
@@ -211,19 +211,6 @@ async fn measure(
     .await;
     manager.kill(&id).await?;
     result
-}
-
-/// Runs `cmd` in the guest as root; its stdout, or an error with stderr.
-async fn guest(manager: &SandboxManager, id: &str, cmd: &str) -> anyhow::Result<String> {
-    let out = manager.exec(id, cmd, Some("root"), |_, _| {}).await?;
-    if out.exit_code != 0 {
-        bail!(
-            "`{cmd}` exited {}: {}",
-            out.exit_code,
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 fn p50(v: &[Measured], f: impl Fn(&Measured) -> f64) -> f64 {

@@ -6,6 +6,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use anyhow::bail;
+
 use siesta_sandbox::sandbox::SandboxInfo;
 use siesta_sandbox::{CreateRequest, Node, NodeConfig, SandboxManager};
 
@@ -69,4 +71,17 @@ pub async fn create_pooled(
         ..Default::default()
     };
     Ok(manager.create(request).await?)
+}
+
+/// Runs `cmd` in the guest as root; its stdout, or an error with its stderr.
+pub async fn guest_root(manager: &SandboxManager, id: &str, cmd: &str) -> anyhow::Result<String> {
+    let out = manager.exec(id, cmd, Some("root"), |_, _| {}).await?;
+    if out.exit_code != 0 {
+        bail!(
+            "`{cmd}` in {id} exited {}: {}",
+            out.exit_code,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }

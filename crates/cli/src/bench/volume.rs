@@ -15,7 +15,7 @@ use serde_json::json;
 use siesta_sandbox::volumes::VolumeMount;
 use siesta_sandbox::{CreateRequest, SandboxManager};
 
-use super::session::Session;
+use super::session::{guest_root, Session};
 use crate::stats::summarize;
 
 const MOUNT: &str = "/mnt/bench";
@@ -163,15 +163,7 @@ async fn sample(
 }
 
 async fn secs(manager: &SandboxManager, id: &str, cmd: &str) -> anyhow::Result<f64> {
-    let out = manager.exec(id, cmd, Some("root"), |_, _| {}).await?;
-    if out.exit_code != 0 {
-        bail!(
-            "`{cmd}` exited {}: {}",
-            out.exit_code,
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = guest_root(manager, id, cmd).await?;
     let ns: f64 = text
         .trim()
         .parse()
