@@ -101,6 +101,26 @@ async fn vm_lifecycle_end_to_end() {
     }
 }
 
+/// Writes `mib` MiB of random data to a tmpfs in sandbox `id`, deletes it
+/// and unmounts the tmpfs: memory the guest has freed.
+async fn write_and_free(m: &Arc<SandboxManager>, id: &str, mib: u32) {
+    let cmd = format!(
+        "mkdir -p /run/freed && mount -t tmpfs -o size={}m tmpfs /run/freed && \
+         head -c {mib}M /dev/urandom > /run/freed/data && rm /run/freed/data && umount /run/freed",
+        mib + 16
+    );
+    let freed = m
+        .exec(id, &cmd, Some("root"), |_, _| {})
+        .await
+        .expect("exec");
+    assert_eq!(
+        freed.exit_code,
+        0,
+        "{}",
+        String::from_utf8_lossy(&freed.stderr)
+    );
+}
+
 /// 128 MiB written to a tmpfs and deleted in sandbox `id`: the guest zeroes
 /// the freed pages (`init_on_free`), and the node's memory return (KSM with
 /// zero pages, on by default) gives them back to the host while the sandbox
@@ -119,22 +139,7 @@ async fn memory_freed_by_a_guest_returns_to_the_host(
         "head -c 16M /dev/urandom > /dev/shm/kept && md5sum < /dev/shm/kept",
     )
     .await;
-    let freed = m
-        .exec(
-            id,
-            "mkdir -p /run/freed && mount -t tmpfs -o size=144m tmpfs /run/freed && \
-             head -c 128M /dev/urandom > /run/freed/data && rm /run/freed/data && umount /run/freed",
-            Some("root"),
-            |_, _| {},
-        )
-        .await
-        .expect("exec");
-    assert_eq!(
-        freed.exit_code,
-        0,
-        "{}",
-        String::from_utf8_lossy(&freed.stderr)
-    );
+    write_and_free(m, id, 128).await;
     let after_free = anon();
     assert!(
         after_free > 128 << 10,
@@ -249,22 +254,7 @@ async fn scenario(node: &Arc<Node>, m: &Arc<SandboxManager>, home: &Path) {
     // Its template's kernel zeroes freed pages, so the pause below stores
     // none of it (checked by the state's size).
     assert!(t.record.kernel_cmdline.contains("init_on_free=1"));
-    let freed = m
-        .exec(
-            &a.id,
-            "mkdir -p /run/freed && mount -t tmpfs -o size=112m tmpfs /run/freed && \
-             head -c 96M /dev/urandom > /run/freed/data && rm /run/freed/data && umount /run/freed",
-            Some("root"),
-            |_, _| {},
-        )
-        .await
-        .expect("exec");
-    assert_eq!(
-        freed.exit_code,
-        0,
-        "{}",
-        String::from_utf8_lossy(&freed.stderr)
-    );
+    write_and_free(m, &a.id, 96).await;
     m.pause(&a.id).await.expect("pause");
     assert!(matches!(
         m.pause(&a.id).await,
