@@ -36,6 +36,18 @@ struct Measured {
     fork_ms: Vec<f64>,
     single_resume_ms: Vec<f64>,
     template_resume_ms: Vec<f64>,
+    /// Share of all the host's cores busy during each fork of N: near 1.0,
+    /// the children wait for CPU, not for each other.
+    fork_cpu_busy: Vec<f64>,
+    /// Each child's own resume (its stages' wall time) in the forks of N.
+    child_resume_ms: Vec<f64>,
+}
+
+/// What one fork took.
+struct Forked {
+    ms: f64,
+    cpu_busy: f64,
+    child_resume_ms: Vec<f64>,
 }
 
 pub async fn run(args: ForkArgs) -> anyhow::Result<ExitCode> {
@@ -60,9 +72,11 @@ async fn measure_all(manager: &SandboxManager, args: &ForkArgs) -> anyhow::Resul
         let result = async {
             guest_root(manager, &source.id, &format!("echo {marker} > /tmp/marker")).await?;
             m.single_resume_ms
-                .push(fork_and_check(manager, &source.id, 1, &marker).await?);
-            m.fork_ms
-                .push(fork_and_check(manager, &source.id, args.n, &marker).await?);
+                .push(fork_and_check(manager, &source.id, 1, &marker).await?.ms);
+            let forked = fork_and_check(manager, &source.id, args.n, &marker).await?;
+            m.fork_ms.push(forked.ms);
+            m.fork_cpu_busy.push(forked.cpu_busy);
+            m.child_resume_ms.extend(forked.child_resume_ms);
             anyhow::Ok(())
         }
         .await;
@@ -72,22 +86,28 @@ async fn measure_all(manager: &SandboxManager, args: &ForkArgs) -> anyhow::Resul
     Ok(m)
 }
 
-/// Forks `n` children of `source`, returns the milliseconds until all were
-/// ready, after checking each holds `marker` (and killing them).
+/// Forks `n` children of `source`: the time until all were ready, after
+/// checking each holds `marker` (and killing them).
 async fn fork_and_check(
     manager: &SandboxManager,
     source: &str,
     n: u32,
     marker: &str,
-) -> anyhow::Result<f64> {
+) -> anyhow::Result<Forked> {
+    let cpu_before = CpuTimes::read()?;
     let t0 = Instant::now();
     let children = manager.fork(source, n, None).await?;
     let ms = t0.elapsed().as_secs_f64() * 1e3;
+    let cpu_busy = CpuTimes::read()?.busy_since(&cpu_before);
     let mut ids = Vec::new();
+    let mut child_resume_ms = Vec::new();
     let mut first_error = None;
     for child in children {
         match child {
-            Ok(info) => ids.push(info.id),
+            Ok(info) => {
+                child_resume_ms.extend(info.timings.as_ref().map(|t| t.total_ms));
+                ids.push(info.id);
+            }
             Err(e) => {
                 first_error.get_or_insert(e);
             }
@@ -110,13 +130,57 @@ async fn fork_and_check(
         bail!("a child of {source} failed: {e}");
     }
     checked?;
-    Ok(ms)
+    Ok(Forked {
+        ms,
+        cpu_busy,
+        child_resume_ms,
+    })
+}
+
+/// The host's CPU time so far, from the `cpu` line of `/proc/stat` (in
+/// ticks, all cores together).
+struct CpuTimes {
+    total: u64,
+    idle: u64,
+}
+
+impl CpuTimes {
+    fn read() -> anyhow::Result<Self> {
+        let stat = std::fs::read_to_string("/proc/stat").context("reading /proc/stat")?;
+        let line = stat.lines().next().unwrap_or_default();
+        let ticks: Vec<u64> = line
+            .split_whitespace()
+            .skip(1)
+            .filter_map(|v| v.parse().ok())
+            .collect();
+        if ticks.len() < 5 || !line.starts_with("cpu ") {
+            bail!("/proc/stat starts with {line:?}, not the cpu line");
+        }
+        Ok(Self {
+            // user nice system idle iowait irq softirq steal (guest time is
+            // inside user already).
+            total: ticks.iter().take(8).sum(),
+            idle: ticks[3] + ticks[4],
+        })
+    }
+
+    /// The share of all cores that was busy since `before` (0 to 1).
+    fn busy_since(&self, before: &CpuTimes) -> f64 {
+        let total = self.total.saturating_sub(before.total);
+        let idle = self.idle.saturating_sub(before.idle);
+        if total == 0 {
+            return 0.0;
+        }
+        1.0 - idle as f64 / total as f64
+    }
 }
 
 fn report(args: &ForkArgs, m: &Measured) {
     let fork = summarize(&m.fork_ms);
     let single = summarize(&m.single_resume_ms);
     let template = summarize(&m.template_resume_ms);
+    let busy = summarize(&m.fork_cpu_busy);
+    let child = summarize(&m.child_resume_ms);
     if args.json {
         let out = json!({
             "n": args.n,
@@ -125,6 +189,8 @@ fn report(args: &ForkArgs, m: &Measured) {
             "single_resume_ms": single.p50,
             "template_resume_ms": template.p50,
             "fork_over_single": fork.p50 / single.p50,
+            "fork_cpu_busy": busy.p50,
+            "child_resume_ms": child.p50,
         });
         println!("{out}");
         return;
@@ -150,5 +216,14 @@ fn report(args: &ForkArgs, m: &Measured) {
         args.n,
         fork.p50 / single.p50,
         fork.p50 / f64::from(args.n)
+    );
+    println!(
+        "each child's own resume in the forks of {}: p50 {:.1} ms (min {:.1}, max {:.1}); host cores busy during them: {:.0}% of {} (p50)",
+        args.n,
+        child.p50,
+        child.min,
+        child.max,
+        busy.p50 * 100.0,
+        std::thread::available_parallelism().map_or(0, |n| n.get())
     );
 }
