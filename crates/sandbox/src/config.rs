@@ -79,6 +79,11 @@ pub struct NodeConfig {
     /// ready (`SIESTA_REFILL_AFTER_READY=0|1`, default on): spawning the
     /// replacement meanwhile takes CPU from that resume.
     pub refill_after_ready: bool,
+    /// Start VMMs that restore a snapshot with a stand-in of the guest
+    /// kernel and no initrd (`SIESTA_INCOMING_KERNEL_STUB=0|1`, default on):
+    /// QEMU would hold both whole in every VMM although the restored guest
+    /// never reads them (`siesta_vmm::qemu::kernel_stub`).
+    pub incoming_kernel_stub: bool,
     /// Give the host back the memory idle guests free, by switching on the
     /// kernel's same-page merging with zero pages (`SIESTA_MEMORY_RETURN=0|1`,
     /// default on; `siesta_vmm::memory_return`). Host-wide, left on at exit.
@@ -135,6 +140,7 @@ impl NodeConfig {
             prealloc_memory: false,
             policy_skip: true,
             refill_after_ready: true,
+            incoming_kernel_stub: true,
             memory_return: true,
             ksm_pages_to_scan: None,
             insecure_registries: Vec::new(),
@@ -210,6 +216,9 @@ impl NodeConfig {
         }
         if let Some(on) = env_flag("SIESTA_REFILL_AFTER_READY")? {
             config.refill_after_ready = on;
+        }
+        if let Some(on) = env_flag("SIESTA_INCOMING_KERNEL_STUB")? {
+            config.incoming_kernel_stub = on;
         }
         if let Some(on) = env_flag("SIESTA_MEMORY_RETURN")? {
             config.memory_return = on;

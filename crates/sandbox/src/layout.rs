@@ -11,6 +11,8 @@
 //!   ephemeral/<tag>-<pid>/<id>/  the same, of a bench's sandboxes (never the
 //!                      server's: its recovery leaves them alone)
 //!   run/pool/<n>/      sockets and logs of pre-spawned VMM processes
+//!   run/kernel-stubs/  the guest kernel's header, which restoring VMMs load
+//!                      instead of the whole kernel
 //!   build-files/<sha256>.tar  files uploaded for COPY steps of template
 //!                      builds, by the SHA-256 of the archive's inputs
 //! ```
@@ -100,6 +102,11 @@ impl Layout {
     }
     pub fn pool_dir(&self) -> PathBuf {
         self.home.join("run/pool")
+    }
+    /// Stand-ins for the guest kernel that VMMs restoring a snapshot load
+    /// (`siesta_vmm::qemu::kernel_stub`).
+    pub fn kernel_stubs(&self) -> PathBuf {
+        self.home.join("run/kernel-stubs")
     }
     /// Uploaded archives for the COPY steps of template builds.
     pub fn build_files(&self) -> PathBuf {

@@ -58,8 +58,11 @@ impl Node {
             AccelSetting::Kvm => AccelChoice::Kvm,
             AccelSetting::Tcg => AccelChoice::Tcg,
         };
-        let vmm = QemuVmm::new(config.qemu.clone(), accel)
+        let mut vmm = QemuVmm::new(config.qemu.clone(), accel)
             .map_err(|source| Error::vmm("node", source))?;
+        if config.incoming_kernel_stub {
+            vmm = vmm.with_incoming_kernel_stubs(config.layout().kernel_stubs());
+        }
         let net = SlotPool::new(NetConfig {
             tag: config.net_tag.clone(),
             subnet: config.net_subnet,

@@ -192,6 +192,31 @@ fn assert_resumed_in_pooled_vmm(pid: u32, id: &str, sandbox_dir: &Path) {
     );
 }
 
+/// VMM `pid` was started with a stand-in from `home`'s kernel stubs as its
+/// kernel and no initrd (`siesta_vmm::qemu::kernel_stub`), and the stand-in
+/// is the real kernel's first bytes.
+fn assert_loaded_kernel_stub(pid: u32, home: &Path) {
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+    let args: Vec<String> = cmdline
+        .split(|b| *b == 0)
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    let kernel = args
+        .iter()
+        .position(|a| a == "-kernel")
+        .map(|i| Path::new(&args[i + 1]).to_path_buf())
+        .expect("a -kernel argument");
+    assert!(
+        kernel.starts_with(home.join("run/kernel-stubs")),
+        "VMM {pid} loaded {}",
+        kernel.display()
+    );
+    assert!(!args.iter().any(|a| a == "-initrd"), "{args:?}");
+    let stub = std::fs::read(&kernel).unwrap();
+    let whole = std::fs::read(home.join("assets/vmlinuz")).unwrap();
+    assert!(stub.len() < whole.len() / 100 && whole.starts_with(&stub));
+}
+
 async fn scenario(node: &Arc<Node>, m: &Arc<SandboxManager>, home: &Path) {
     // Template: boot the base image, wait for the agent, freeze it.
     let opts = BuildOptions {
@@ -233,6 +258,12 @@ async fn scenario(node: &Arc<Node>, m: &Arc<SandboxManager>, home: &Path) {
             info.id,
             mem.display()
         );
+    }
+
+    // They restored into VMMs that loaded the kernel's stand-in, not the
+    // whole kernel and initrd, and run as shown above.
+    for info in [&a, &b] {
+        assert_loaded_kernel_stub(info.vmm_pid.expect("pid"), home);
     }
 
     // Clones must not share random state.

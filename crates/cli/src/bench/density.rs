@@ -12,6 +12,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
+use clap::ValueEnum;
 use serde_json::json;
 use siesta_sandbox::template::Template;
 use siesta_sandbox::SandboxManager;
@@ -28,9 +29,20 @@ pub struct DensityArgs {
     idle_secs: u64,
     #[arg(long, default_value = "base")]
     template: String,
+    /// Measure N sandboxes without a setting and then N with it, in this
+    /// one run, and print the two side by side.
+    #[arg(long, value_enum)]
+    compare: Option<DensityCompare>,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DensityCompare {
+    /// VMMs that load the whole guest kernel and initrd against VMMs that
+    /// load the kernel's stand-in (`SIESTA_INCOMING_KERNEL_STUB`).
+    KernelStub,
 }
 
 /// Memory of one VMM process, in KiB.
@@ -42,21 +54,64 @@ pub(super) struct VmmMemory {
     pub(super) ram_anon_kib: u64,
 }
 
+/// The N sandboxes of one configuration.
+struct Arm {
+    label: &'static str,
+    guest_mib: u64,
+    memories: Vec<VmmMemory>,
+    /// CPU seconds each VMM used from its spawn to the reading.
+    cpu_secs: Vec<f64>,
+}
+
 pub async fn run(args: DensityArgs) -> anyhow::Result<ExitCode> {
     if args.n == 0 {
         bail!("--n must be at least 1");
     }
-    let session = Session::start().await?;
+    let settings: &[(&'static str, Option<bool>)] = match args.compare {
+        None => &[("", None)],
+        Some(DensityCompare::KernelStub) => {
+            &[("whole kernel", Some(false)), ("kernel stub", Some(true))]
+        }
+    };
+    let mut arms = Vec::new();
+    for &(label, kernel_stub) in settings {
+        let mut config = super::session::bench_config("n")?;
+        if let Some(on) = kernel_stub {
+            config.incoming_kernel_stub = on;
+        }
+        let arm = measure_arm(config, &args, label)
+            .await
+            .with_context(|| format!("arm {label:?}"))?;
+        arms.push(arm);
+    }
+    match arms.as_slice() {
+        [one] => report(&args, one),
+        [off, on] => report_pair(&args, off, on),
+        _ => unreachable!("one arm, or two to compare"),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn measure_arm(
+    config: siesta_sandbox::NodeConfig,
+    args: &DensityArgs,
+    label: &'static str,
+) -> anyhow::Result<Arm> {
+    let session = Session::start_with(config, None).await?;
     let template = Template::open(&session.node.config.layout(), &args.template)?;
     let mut ids = Vec::new();
-    let outcome = measure(&session.manager, &template, &args, &mut ids).await;
+    let outcome = measure(&session.manager, &template, args, &mut ids).await;
     for id in &ids {
         let _ = session.manager.kill(id).await;
     }
     session.close().await;
-    let (guest_mib, memories) = outcome?;
-    report(&args, guest_mib, &memories);
-    Ok(ExitCode::SUCCESS)
+    let (guest_mib, memories, cpu_secs) = outcome?;
+    Ok(Arm {
+        label,
+        guest_mib,
+        memories,
+        cpu_secs,
+    })
 }
 
 async fn measure(
@@ -64,7 +119,7 @@ async fn measure(
     template: &Template,
     args: &DensityArgs,
     ids: &mut Vec<String>,
-) -> anyhow::Result<(u64, Vec<VmmMemory>)> {
+) -> anyhow::Result<(u64, Vec<VmmMemory>, Vec<f64>)> {
     manager.warm(&args.template)?;
     let blob_inode = std::fs::metadata(&template.memory)
         .with_context(|| format!("stat {}", template.memory.display()))?
@@ -79,6 +134,7 @@ async fn measure(
     }
     tokio::time::sleep(Duration::from_secs(args.idle_secs)).await;
     let mut memories = Vec::new();
+    let mut cpu = Vec::new();
     for id in ids.iter() {
         let pid = manager
             .get(id)
@@ -86,8 +142,11 @@ async fn measure(
             .vmm_pid
             .with_context(|| format!("sandbox {id} has no VMM"))?;
         memories.push(vmm_memory(pid, blob_inode)?);
+        cpu.push(super::session::cpu_secs(std::path::Path::new(&format!(
+            "/proc/{pid}"
+        )))?);
     }
-    Ok((guest_mib, memories))
+    Ok((guest_mib, memories, cpu))
 }
 
 /// PSS of process `pid` in all, and of its mappings of inode `ram_inode`.
@@ -119,47 +178,122 @@ fn parse_smaps(smaps: &str, ram_inode: u64) -> VmmMemory {
     m
 }
 
-fn report(args: &DensityArgs, guest_mib: u64, memories: &[VmmMemory]) {
-    let n = memories.len() as f64;
-    let given_mib = n * guest_mib as f64;
-    let mib = |kib: u64| kib as f64 / 1024.0;
-    let pss = mib(memories.iter().map(|m| m.pss_kib).sum());
-    let ram = mib(memories.iter().map(|m| m.ram_pss_kib).sum());
-    let ratio = pss / given_mib;
-    let ram_ratio = ram / given_mib;
+/// One arm's sums, in MiB, and its ratios to the guest memory given.
+struct Sums {
+    pss: f64,
+    ram: f64,
+    given: f64,
+    cpu_ms_p50: f64,
+}
+
+impl Sums {
+    fn of(arm: &Arm) -> Self {
+        let mib = |kib: u64| kib as f64 / 1024.0;
+        Self {
+            pss: mib(arm.memories.iter().map(|m| m.pss_kib).sum()),
+            ram: mib(arm.memories.iter().map(|m| m.ram_pss_kib).sum()),
+            given: arm.memories.len() as f64 * arm.guest_mib as f64,
+            cpu_ms_p50: crate::stats::percentile(&arm.cpu_secs, 0.5) * 1e3,
+        }
+    }
+    fn ratio(&self) -> f64 {
+        self.pss / self.given
+    }
+    fn json(&self, arm: &Arm) -> serde_json::Value {
+        json!({
+            "n": arm.memories.len(),
+            "guest_mib": arm.guest_mib,
+            "pss_mib": self.pss,
+            "ram_pss_mib": self.ram,
+            "ratio": self.ratio(),
+            "ram_ratio": self.ram / self.given,
+            "vmm_cpu_ms_p50": self.cpu_ms_p50,
+        })
+    }
+}
+
+fn heading(args: &DensityArgs, arm: &Arm) {
+    println!(
+        "siesta bench density: template {}, {} idle sandboxes of {} MiB, after {} s idle\n",
+        args.template,
+        arm.memories.len(),
+        arm.guest_mib,
+        args.idle_secs
+    );
+}
+
+fn report(args: &DensityArgs, arm: &Arm) {
+    let s = Sums::of(arm);
+    if args.json {
+        println!("{}", s.json(arm));
+        return;
+    }
+    heading(args, arm);
+    let n = arm.memories.len() as f64;
+    println!("| Measure | Total | Per sandbox | / guest memory |");
+    println!("| --- | ---: | ---: | ---: |");
+    let row = |what: &str, mib: f64| {
+        println!(
+            "| {what} | {mib:.1} MiB | {:.1} MiB | {:.3} |",
+            mib / n,
+            mib / s.given
+        )
+    };
+    row("PSS of the VMM processes", s.pss);
+    row("of which guest RAM (template blob, private)", s.ram);
+    row("of which the rest of QEMU", s.pss - s.ram);
+    println!(
+        "\nCPU time of a VMM from its spawn to the reading, p50: {:.0} ms",
+        s.cpu_ms_p50
+    );
+}
+
+fn report_pair(args: &DensityArgs, off: &Arm, on: &Arm) {
+    let (a, b) = (Sums::of(off), Sums::of(on));
     if args.json {
         let out = json!({
-            "n": memories.len(),
-            "guest_mib": guest_mib,
-            "pss_mib": pss,
-            "ram_pss_mib": ram,
-            "ratio": ratio,
-            "ram_ratio": ram_ratio,
+            "compare": args.compare.and_then(|c| c.to_possible_value()).map(|v| v.get_name().to_string()),
+            "arms": [
+                json!({"label": off.label, "result": a.json(off)}),
+                json!({"label": on.label, "result": b.json(on)}),
+            ],
+            "ratio_on_over_off": b.ratio() / a.ratio(),
         });
         println!("{out}");
         return;
     }
+    heading(args, off);
+    let n = off.memories.len() as f64;
     println!(
-        "siesta bench density: template {}, {} idle sandboxes of {guest_mib} MiB, after {} s idle\n",
-        args.template,
-        memories.len(),
-        args.idle_secs
+        "| Per sandbox | {} | {} | {} / {} |",
+        off.label, on.label, on.label, off.label
     );
-    println!("| Measure | Total | Per sandbox | / guest memory |");
     println!("| --- | ---: | ---: | ---: |");
-    println!(
-        "| PSS of the VMM processes | {pss:.1} MiB | {:.1} MiB | {ratio:.3} |",
-        pss / n
+    let row = |what: &str, x: f64, y: f64, unit: &str| {
+        let digits = if unit.is_empty() { 3 } else { 1 };
+        println!(
+            "| {what} | {x:.digits$}{unit} | {y:.digits$}{unit} | {:.3} |",
+            y / x
+        )
+    };
+    row("PSS of the VMM", a.pss / n, b.pss / n, " MiB");
+    row("of which guest RAM", a.ram / n, b.ram / n, " MiB");
+    row(
+        "of which the rest of QEMU",
+        (a.pss - a.ram) / n,
+        (b.pss - b.ram) / n,
+        " MiB",
     );
-    println!(
-        "| of which guest RAM (template blob, private) | {ram:.1} MiB | {:.1} MiB | {ram_ratio:.3} |",
-        ram / n
+    row(
+        "density ratio (PSS / guest memory)",
+        a.ratio(),
+        b.ratio(),
+        "",
     );
+    row("CPU time of a VMM, p50", a.cpu_ms_p50, b.cpu_ms_p50, " ms");
     println!(
-        "| of which the rest of QEMU | {:.1} MiB | {:.1} MiB | {:.3} |",
-        pss - ram,
-        (pss - ram) / n,
-        (pss - ram) / given_mib
+        "\nThe arms ran one after the other ({} first), each on its own node.",
+        off.label
     );
 }
 

@@ -162,19 +162,7 @@ fn ksmd_cpu_secs() -> anyhow::Result<f64> {
         if comm.trim() != "ksmd" {
             continue;
         }
-        let stat = std::fs::read_to_string(dir.join("stat"))
-            .with_context(|| format!("reading {}/stat", dir.display()))?;
-        // Fields after the command's closing parenthesis; utime and stime
-        // are the 14th and 15th of the line.
-        let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-        let ticks: u64 = rest
-            .split_whitespace()
-            .skip(11)
-            .take(2)
-            .filter_map(|v| v.parse::<u64>().ok())
-            .sum();
-        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
-        return Ok(ticks as f64 / hz);
+        return super::session::cpu_secs(&dir);
     }
     bail!("no ksmd thread in /proc (a kernel without KSM?)")
 }

@@ -25,7 +25,15 @@ impl Session {
     pub async fn start_with_volumes(
         volumes: Option<Arc<siesta_volume::Volumes>>,
     ) -> anyhow::Result<Self> {
-        let node = Node::start(bench_config("n")?).await?;
+        Self::start_with(bench_config("n")?, volumes).await
+    }
+
+    /// A session on a node configured by `config` (see [`bench_config`]).
+    pub async fn start_with(
+        config: NodeConfig,
+        volumes: Option<Arc<siesta_volume::Volumes>>,
+    ) -> anyhow::Result<Self> {
+        let node = Node::start(config).await?;
         let manager = SandboxManager::ephemeral_with_volumes(node.clone(), volumes)?;
         Ok(Self { node, manager })
     }
@@ -84,4 +92,24 @@ pub async fn guest_root(manager: &SandboxManager, id: &str, cmd: &str) -> anyhow
         );
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// CPU seconds (user + system) the process or thread whose `/proc`
+/// directory is `proc_dir` has used.
+pub fn cpu_secs(proc_dir: &std::path::Path) -> anyhow::Result<f64> {
+    let path = proc_dir.join("stat");
+    let stat = std::fs::read_to_string(&path)
+        .map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
+    // Fields after the command's closing parenthesis; utime and stime are
+    // the 14th and 15th of the line.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let ticks: u64 = rest
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .filter_map(|v| v.parse::<u64>().ok())
+        .sum();
+    // SAFETY: sysconf reads a constant of the C library.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    Ok(ticks as f64 / hz)
 }

@@ -8,6 +8,7 @@
 
 pub mod changed_pages;
 pub mod cmdline;
+pub mod kernel_stub;
 
 mod hashing_writer;
 pub mod process;
@@ -57,6 +58,9 @@ const EVENTS: &str = "events";
 pub struct QemuVmm {
     binary: PathBuf,
     info: VmmInfo,
+    /// Where incoming launches get their stand-in kernels; `None` loads
+    /// the whole kernel and initrd (see [`kernel_stub`]).
+    kernel_stubs: Option<kernel_stub::KernelStubs>,
 }
 
 impl QemuVmm {
@@ -90,11 +94,42 @@ impl QemuVmm {
                 machine,
                 accel,
             },
+            kernel_stubs: None,
         })
+    }
+
+    /// Incoming launches load a stand-in of the guest kernel, kept in
+    /// `dir`, and no initrd (see [`kernel_stub`]).
+    pub fn with_incoming_kernel_stubs(mut self, dir: PathBuf) -> Self {
+        self.kernel_stubs = Some(kernel_stub::KernelStubs::new(dir));
+        self
     }
 
     pub fn binary(&self) -> &Path {
         &self.binary
+    }
+
+    /// `spec` as QEMU is started with it: an incoming launch with stubs
+    /// configured loads the stand-in. A kernel that cannot be stood in for
+    /// is loaded whole (QEMU then reports a missing one in its own words).
+    fn launched_spec<'a>(&self, spec: &'a LaunchSpec) -> std::borrow::Cow<'a, LaunchSpec> {
+        let Some(stubs) = &self.kernel_stubs else {
+            return std::borrow::Cow::Borrowed(spec);
+        };
+        if spec.mode != LaunchMode::Incoming {
+            return std::borrow::Cow::Borrowed(spec);
+        }
+        match stubs.for_kernel(&spec.kernel) {
+            Ok(stub) => std::borrow::Cow::Owned(LaunchSpec {
+                kernel: stub,
+                initrd: None,
+                ..spec.clone()
+            }),
+            Err(e) => {
+                tracing::warn!(vm = %spec.id, "loading the whole guest kernel: {e}");
+                std::borrow::Cow::Borrowed(spec)
+            }
+        }
     }
 }
 
@@ -174,7 +209,11 @@ impl Vmm for QemuVmm {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(io("remove stale QMP socket", &sock, e)),
         }
-        let argv = cmdline::build_argv(spec, self.info.accel, &self.info.machine);
+        let argv = cmdline::build_argv(
+            &self.launched_spec(spec),
+            self.info.accel,
+            &self.info.machine,
+        );
         tracing::debug!(vm = %spec.id, ?argv, "spawning QEMU");
         let netns = spec.net.as_ref().and_then(|n| n.netns.as_deref());
         let mut process =
