@@ -137,8 +137,44 @@ fn main() -> std::process::ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("siesta: {e:#}");
+            eprintln!("siesta: {}", describe(&e));
             std::process::ExitCode::FAILURE
         }
+    }
+}
+
+/// `e` and its causes joined by `: ` as `{:#}` does, leaving out a cause
+/// whose text the message already holds (many errors quote their source).
+fn describe(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cause_the_message_quotes_is_said_once() {
+        let e = anyhow::Error::new(siesta_sandbox::Error::Net {
+            id: "node".into(),
+            source: siesta_net::NetError::Config("subnet in use".into()),
+        });
+        assert_eq!(
+            describe(&e),
+            "network for node: invalid network config: subnet in use"
+        );
+        let e = anyhow::anyhow!("disk full").context("pausing sandbox x");
+        assert_eq!(describe(&e), "pausing sandbox x: disk full");
     }
 }

@@ -96,8 +96,9 @@ pub async fn run(cmd: TemplateCommand) -> anyhow::Result<ExitCode> {
             disk_mib,
             output,
         } => {
-            // Its own network tag: a build never touches a server's slots.
-            config.net_tag = "b".into();
+            // Its own network tag and subnet: a build never touches a
+            // server's slots.
+            config.beside_server("b", siesta_net::Subnet::ten_slash_16(254));
             config.warm_slots = 0;
             let mut force = force;
             if if_missing {

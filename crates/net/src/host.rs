@@ -56,6 +56,60 @@ pub(crate) async fn cleanup_leftovers(tag: &Tag) -> Result<usize> {
     Ok(removed)
 }
 
+/// Refuses a subnet another interface of the host already has addresses
+/// in (another siesta instance's slots, or a network the host is on): two
+/// instances on one subnet give their slots the same addresses, and a
+/// guest's traffic goes to whichever route the kernel picks. Run after
+/// [`cleanup_leftovers`]: this tag's own veths are never in the way.
+pub(crate) async fn check_subnet_free(tag: &Tag, subnet: &Subnet) -> Result<()> {
+    let addrs = cmd::ip(&scope(tag), &["-o", "-4", "addr", "show"]).await?;
+    match subnet_users(&addrs, subnet)
+        .into_iter()
+        .find(|(dev, _)| tag.parse_host_veth(dev).is_none())
+    {
+        None => Ok(()),
+        Some((dev, cidr)) => {
+            let whose = if dev.starts_with("svh") {
+                " (a slot of another siesta instance)"
+            } else {
+                ""
+            };
+            Err(NetError::Config(format!(
+                "subnet {subnet} is already in use on this host: {dev}{whose} has {cidr}; \
+                 give this instance a subnet of its own (SIESTA_NET_SUBNET, or net_subnet in \
+                 the config file's [node] section)"
+            )))
+        }
+    }
+}
+
+/// The `(device, address/prefix)` pairs of `ip -o -4 addr show` whose
+/// network lies inside `subnet`.
+fn subnet_users(ip_output: &str, subnet: &Subnet) -> Vec<(String, String)> {
+    let mut users = Vec::new();
+    for line in ip_output.lines() {
+        let mut fields = line.split_whitespace();
+        let dev = fields.nth(1).unwrap_or_default();
+        let dev = dev.split('@').next().unwrap_or_default();
+        if fields.next() != Some("inet") {
+            continue;
+        }
+        let Some(cidr) = fields.next() else { continue };
+        let Some((addr, prefix)) = cidr.split_once('/') else {
+            continue;
+        };
+        let (Ok(addr), Ok(prefix)) = (addr.parse(), prefix.parse::<u8>()) else {
+            continue;
+        };
+        // Only networks inside the subnet: a wider one that holds it (a
+        // 10.0.0.0/8 LAN) loses to the slots' more specific /30 routes.
+        if prefix > subnet.prefix() && subnet.overlaps(addr, prefix) {
+            users.push((dev.to_owned(), cidr.to_owned()));
+        }
+    }
+    users
+}
+
 /// Installs the root table; enables forwarding and masquerade out of the
 /// default-route interface when the host has one. Returns that interface.
 pub(crate) async fn setup_root(tag: &Tag, subnet: &Subnet) -> Result<Option<String>> {
@@ -85,4 +139,27 @@ pub(crate) async fn teardown_root(tag: &Tag) -> Result<()> {
     cmd::nft(&scope(tag), None, &nft::delete_root_table(tag))
         .await
         .map(drop)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_the_addresses_inside_a_subnet() {
+        let out = "\
+1: lo    inet 127.0.0.1/8 scope host lo\\       valid_lft forever preferred_lft forever
+2: eth0    inet 192.168.1.5/24 brd 192.168.1.255 scope global eth0\\       valid_lft forever
+7: svhs1    inet 10.250.0.5/30 scope global svhs1\\       valid_lft forever preferred_lft forever
+9: br0    inet 10.0.0.1/8 scope global br0\\       valid_lft forever preferred_lft forever
+";
+        let subnet: Subnet = "10.250.0.0/16".parse().unwrap();
+        assert_eq!(
+            subnet_users(out, &subnet),
+            // Not br0's 10.0.0.0/8: the slots' /30 routes win over it.
+            [("svhs1".to_string(), "10.250.0.5/30".to_string())]
+        );
+        let other: Subnet = "172.31.0.0/16".parse().unwrap();
+        assert!(subnet_users(out, &other).is_empty());
+    }
 }

@@ -159,12 +159,32 @@ impl Subnet {
         Ok(Self { base, prefix })
     }
 
+    /// `10.<second_octet>.0.0/16`, as the default `10.250.0.0/16` is.
+    pub fn ten_slash_16(second_octet: u8) -> Self {
+        Self {
+            base: Ipv4Addr::new(10, second_octet, 0, 0),
+            prefix: 16,
+        }
+    }
+
     pub fn base(&self) -> Ipv4Addr {
         self.base
     }
 
     pub fn prefix(&self) -> u8 {
         self.prefix
+    }
+
+    /// Whether network `addr`/`prefix` shares an address with this one.
+    pub fn overlaps(&self, addr: Ipv4Addr, prefix: u8) -> bool {
+        let range = |base: u32, prefix: u8| {
+            let size = 1u64 << (32 - u32::from(prefix.min(32)));
+            let start = u64::from(base) & !(size - 1);
+            (start, start + size)
+        };
+        let (a0, a1) = range(u32::from(self.base), self.prefix);
+        let (b0, b1) = range(u32::from(addr), prefix);
+        a0 < b1 && b0 < a1
     }
 
     /// How many /30 slots fit.

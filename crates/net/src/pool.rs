@@ -141,6 +141,7 @@ impl SlotPool {
             st.phase = Phase::Running;
         }
         host::cleanup_leftovers(&sh.tag).await?;
+        host::check_subnet_free(&sh.tag, &sh.subnet).await?;
         let egress = host::setup_root(&sh.tag, &sh.subnet).await?;
         tracing::info!(tag = %sh.tag, subnet = %sh.subnet, ?egress, "network pool starting");
         for _ in 0..sh.warm_target {

@@ -48,11 +48,14 @@ fn unique_tag(salt: u32) -> String {
     tag
 }
 
-/// A /24 of 10.251.0.0/16 picked from the tag, away from the default /16.
-fn test_subnet(tag: &str) -> Subnet {
-    let third = tag
+/// A /24 of 10.251.0.0/16 picked from the tag, away from the default /16;
+/// `salt` (one per test) keeps the tests of one run on different /24s (a
+/// pool refuses a subnet another instance's slots are in).
+fn test_subnet(tag: &str, salt: u8) -> Subnet {
+    let hash = tag
         .bytes()
         .fold(7u8, |a, b| a.wrapping_mul(31).wrapping_add(b));
+    let third = (hash & !3) | (salt & 3);
     format!("10.251.{third}.0/24")
         .parse()
         .expect("valid subnet")
@@ -215,7 +218,7 @@ async fn tap_slots_pool_reuse_and_policy() {
 
     let pool = SlotPool::new(NetConfig {
         tag: tag_str.clone(),
-        subnet: test_subnet(&tag_str),
+        subnet: test_subnet(&tag_str, 1),
         capacity: 2,
         warm: 1,
         guest_link: GuestLink::Tap,
@@ -369,7 +372,7 @@ async fn host_reaches_guest_agent_through_slot_address() {
     };
     let pool = SlotPool::new(NetConfig {
         tag: tag_str.clone(),
-        subnet: test_subnet(&tag_str),
+        subnet: test_subnet(&tag_str, 2),
         capacity: 4,
         warm: 1,
         guest_link: GuestLink::Veth,

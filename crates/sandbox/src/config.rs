@@ -79,6 +79,10 @@ pub struct NodeConfig {
     /// ready (`SIESTA_REFILL_AFTER_READY=0|1`, default on): spawning the
     /// replacement meanwhile takes CPU from that resume.
     pub refill_after_ready: bool,
+    /// With `refill_after_ready`, also wait until no other resume is in
+    /// flight, at most 2 s (`SIESTA_REFILL_WHEN_QUIET=0|1`, default on): the
+    /// children of a fork, or a burst of creates, resume together.
+    pub refill_when_quiet: bool,
     /// Start VMMs that restore a snapshot with a stand-in of the guest
     /// kernel and no initrd (`SIESTA_INCOMING_KERNEL_STUB=0|1`, default on):
     /// QEMU would hold both whole in every VMM although the restored guest
@@ -118,6 +122,18 @@ pub struct NodeConfig {
 }
 
 impl NodeConfig {
+    /// Makes this the configuration of an instance that runs beside a
+    /// server on the same host (a bench, a local template build): network
+    /// tag `tag` and, while the subnet is still the default one a server
+    /// uses, `subnet`, so that their slots never share addresses (a node
+    /// refuses a subnet another instance's slots are in).
+    pub fn beside_server(&mut self, tag: &str, subnet: siesta_net::Subnet) {
+        self.net_tag = tag.into();
+        if self.net_subnet == siesta_net::Subnet::default() {
+            self.net_subnet = subnet;
+        }
+    }
+
     /// Defaults for a data directory.
     pub fn new(home: impl Into<PathBuf>) -> Self {
         Self {
@@ -140,6 +156,7 @@ impl NodeConfig {
             prealloc_memory: false,
             policy_skip: true,
             refill_after_ready: true,
+            refill_when_quiet: true,
             incoming_kernel_stub: true,
             memory_return: true,
             ksm_pages_to_scan: None,
@@ -216,6 +233,9 @@ impl NodeConfig {
         }
         if let Some(on) = env_flag("SIESTA_REFILL_AFTER_READY")? {
             config.refill_after_ready = on;
+        }
+        if let Some(on) = env_flag("SIESTA_REFILL_WHEN_QUIET")? {
+            config.refill_when_quiet = on;
         }
         if let Some(on) = env_flag("SIESTA_INCOMING_KERNEL_STUB")? {
             config.incoming_kernel_stub = on;

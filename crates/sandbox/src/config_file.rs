@@ -63,6 +63,7 @@ pub struct NodeSection {
     pub prealloc_memory: Option<bool>,
     pub policy_skip: Option<bool>,
     pub refill_after_ready: Option<bool>,
+    pub refill_when_quiet: Option<bool>,
     pub incoming_kernel_stub: Option<bool>,
     pub memory_return: Option<bool>,
     pub ksm_pages_to_scan: Option<u32>,
@@ -135,6 +136,7 @@ impl ConfigFile {
         set(&mut config.prealloc_memory, &n.prealloc_memory);
         set(&mut config.policy_skip, &n.policy_skip);
         set(&mut config.refill_after_ready, &n.refill_after_ready);
+        set(&mut config.refill_when_quiet, &n.refill_when_quiet);
         set(&mut config.incoming_kernel_stub, &n.incoming_kernel_stub);
         set(&mut config.memory_return, &n.memory_return);
         if n.ksm_pages_to_scan.is_some() {

@@ -213,6 +213,11 @@ impl SandboxManager {
         self.pool.wait_ready(template, timeout).await
     }
 
+    /// Waits until the pool holds as many VMMs for `template` as it keeps.
+    pub async fn wait_pool_full(&self, template: &str, timeout: std::time::Duration) -> Result<()> {
+        self.pool.wait_full(template, timeout).await
+    }
+
     /// Resumes a new sandbox from a template, or from a user snapshot when
     /// `req.template` names one (see `snapshots.rs`).
     pub async fn create(&self, req: CreateRequest) -> Result<SandboxInfo> {

@@ -61,6 +61,9 @@ pub struct PoolOptions {
     /// Spawn the replacement of a VMM taken from the pool only when the
     /// resume that took it is done (see [`Refill`]), not alongside it.
     pub refill_after_ready: bool,
+    /// With `refill_after_ready`, also wait until no other resume is in
+    /// flight (at most [`REFILL_QUIET_WAIT`]).
+    pub refill_when_quiet: bool,
 }
 
 impl PoolOptions {
@@ -70,16 +73,19 @@ impl PoolOptions {
             prealloc_memory: config.prealloc_memory,
             policy_skip: config.policy_skip,
             refill_after_ready: config.refill_after_ready,
+            refill_when_quiet: config.refill_when_quiet,
         }
     }
 }
 
 /// The refill owed to a template's pool after a VMM was taken from it: a
 /// resume holds it until its guest is ready (or the resume failed), and
-/// dropping it tops the pool up in the background. Spawning the
-/// replacement alongside the resume would take CPU from it: on this
-/// project's 2-core TCG hosts a QEMU start is ~80 ms of CPU
-/// (`siesta bench resume --compare refill`). With
+/// dropping it tops the pool up in the background, by default once no
+/// resume is in flight ([`PoolOptions::refill_when_quiet`]).
+/// Spawning the replacement alongside a resume would take CPU from it: on
+/// this project's 2-core TCG hosts a QEMU start is ~80 ms of CPU
+/// (`siesta bench resume --compare refill`), and the children of a fork
+/// resume together (`siesta bench fork --compare refill`). With
 /// [`PoolOptions::refill_after_ready`] off the refill starts at once.
 #[must_use = "the pool is refilled when this is dropped"]
 pub struct Refill {
@@ -95,6 +101,23 @@ impl Refill {
         Self {
             owed: Some((Arc::clone(pool), template.clone())),
         }
+    }
+}
+
+/// The longest a refill waits for the resumes in flight to end: under
+/// steady load there is always one, and a pool never refilled would have
+/// every resume spawn its VMM on its own path.
+pub const REFILL_QUIET_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// A resume in flight on a pool's node, counted while this lives (see
+/// [`VmmPool::resuming`]).
+pub struct Resuming {
+    count: tokio::sync::watch::Sender<usize>,
+}
+
+impl Drop for Resuming {
+    fn drop(&mut self) {
+        self.count.send_modify(|n| *n = n.saturating_sub(1));
     }
 }
 
@@ -119,6 +142,8 @@ pub struct VmmPool {
     closed: std::sync::atomic::AtomicBool,
     /// Refill tasks, awaited by `drain` so none outlives the pool.
     refills: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// Resumes in flight, which refills wait out.
+    resuming: tokio::sync::watch::Sender<usize>,
 }
 
 impl VmmPool {
@@ -135,6 +160,7 @@ impl VmmPool {
             ready: Mutex::new(HashMap::new()),
             closed: std::sync::atomic::AtomicBool::new(false),
             refills: std::sync::Mutex::new(Vec::new()),
+            resuming: tokio::sync::watch::channel(0).0,
         })
     }
 
@@ -222,6 +248,24 @@ impl VmmPool {
         stale
     }
 
+    /// Counts a resume as in flight until the returned guard is dropped:
+    /// refills after ready wait until none is.
+    pub fn resuming(&self) -> Resuming {
+        self.resuming.send_modify(|n| *n += 1);
+        Resuming {
+            count: self.resuming.clone(),
+        }
+    }
+
+    /// Until no resume is in flight, the pool is drained, or
+    /// [`REFILL_QUIET_WAIT`] passed.
+    async fn quiet(&self) {
+        let mut count = self.resuming.subscribe();
+        let closed = || self.closed.load(std::sync::atomic::Ordering::SeqCst);
+        let _ =
+            tokio::time::timeout(REFILL_QUIET_WAIT, count.wait_for(|n| *n == 0 || closed())).await;
+    }
+
     /// Tops the pool for `template` up to its size, in the background.
     pub fn refill(self: &Arc<Self>, template: Template) {
         if self.options.size == 0 || self.closed.load(std::sync::atomic::Ordering::SeqCst) {
@@ -230,6 +274,12 @@ impl VmmPool {
         let pool = Arc::clone(self);
         let task = tokio::spawn(async move {
             loop {
+                if pool.options.refill_after_ready && pool.options.refill_when_quiet {
+                    pool.quiet().await;
+                }
+                if pool.closed.load(std::sync::atomic::Ordering::SeqCst) {
+                    return;
+                }
                 let have = pool
                     .ready
                     .lock()
@@ -313,6 +363,21 @@ impl VmmPool {
     /// Waits until at least one VMM waits for `template` (benchmarks use it
     /// so that every sample is a pool hit, as in the seed's warm-pool runs).
     pub async fn wait_ready(&self, template: &str, timeout: std::time::Duration) -> Result<()> {
+        self.wait_waiting(template, 1, timeout).await
+    }
+
+    /// Waits until as many VMMs wait for `template` as the pool keeps.
+    pub async fn wait_full(&self, template: &str, timeout: std::time::Duration) -> Result<()> {
+        self.wait_waiting(template, self.options.size.max(1), timeout)
+            .await
+    }
+
+    async fn wait_waiting(
+        &self,
+        template: &str,
+        at_least: usize,
+        timeout: std::time::Duration,
+    ) -> Result<()> {
         let started = std::time::Instant::now();
         loop {
             if self
@@ -320,13 +385,13 @@ impl VmmPool {
                 .lock()
                 .await
                 .get(template)
-                .is_some_and(|v| !v.is_empty())
+                .is_some_and(|v| v.len() >= at_least)
             {
                 return Ok(());
             }
             if started.elapsed() > timeout {
                 return Err(Error::Invalid(format!(
-                    "no pre-spawned VMM for template {template:?} after {} s (see the log for refill errors)",
+                    "not {at_least} pre-spawned VMM(s) for template {template:?} after {} s (see the log for refill errors)",
                     timeout.as_secs()
                 )));
             }
@@ -342,6 +407,8 @@ impl VmmPool {
             self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
             ready.drain().flat_map(|(_, v)| v).collect()
         };
+        // Wakes refills waiting for quiet, to see the pool closed.
+        self.resuming.send_modify(|_| {});
         let tasks: Vec<_> = self
             .refills
             .lock()

@@ -87,6 +87,8 @@ pub async fn from_template(
 ) -> Result<Resumed> {
     template.check_compatible(node.vmm.info())?;
     template.verify_sizes()?;
+    // Pool refills wait until no resume is in flight.
+    let _resuming = pool.resuming();
     let mut clock = StageClock::start();
     let prefetch = node.prefetch.start(&node.config.layout().repo(), template);
 
@@ -149,6 +151,7 @@ pub async fn from_saved(
     params: &ResumeParams,
 ) -> Result<Resumed> {
     template.check_compatible(node.vmm.info())?;
+    let _resuming = pool.resuming();
     let mut clock = StageClock::start();
     let prefetch = node.prefetch.start(&node.config.layout().repo(), template);
     let waiting = if saved.memory == template.memory_path() {

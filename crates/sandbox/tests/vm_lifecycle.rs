@@ -72,6 +72,8 @@ async fn vm_lifecycle_end_to_end() {
         .take(5)
         .map(|d| (b'a' + (d - b'0')) as char)
         .collect();
+    // Never the default subnet of a server that may run meanwhile.
+    config.net_subnet = siesta_net::Subnet::ten_slash_16(130);
     config.warm_slots = 1;
     config.boot_ready_timeout = Duration::from_secs(240);
     config.resume_ready_timeout = Duration::from_secs(60);
@@ -408,6 +410,8 @@ async fn scenario(node: &Arc<Node>, m: &Arc<SandboxManager>, home: &Path) {
     // A guest whose agent never starts: a clear error, nothing left behind.
     let mut config = node.config.clone();
     config.net_tag = format!("{}x", config.net_tag);
+    // Beside the first node, whose slots hold addresses in its subnet.
+    config.net_subnet = siesta_net::Subnet::ten_slash_16(131);
     config.kernel_args = "siesta.init=/bin/false".into();
     config.boot_ready_timeout = Duration::from_secs(20);
     let broken = Node::start(config).await.expect("second node");

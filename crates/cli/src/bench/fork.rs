@@ -5,13 +5,20 @@
 //! Each sample creates a source from the template and writes a marker file,
 //! forks it once with one child and once with N, checks that every child
 //! sees the marker, and kills them all.
+//!
+//! `--compare refill` runs each sample three times, on nodes whose VMM pool
+//! replaces a VMM a resume took at once, once that resume is ready, and
+//! once no resume is in flight (`SIESTA_REFILL_AFTER_READY`,
+//! `SIESTA_REFILL_WHEN_QUIET`), in an order that rotates per sample; with a
+//! pool as large as the fork (`--pool-size N`) every child takes a waiting
+//! VMM, and the refills are what differs.
 
 use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::{bail, Context};
 use serde_json::json;
-use siesta_sandbox::SandboxManager;
+use siesta_sandbox::{NodeConfig, SandboxManager};
 
 use super::session::{create_pooled, guest_root, Session};
 use crate::stats::summarize;
@@ -26,9 +33,23 @@ pub struct ForkArgs {
     samples: usize,
     #[arg(long, default_value = "base")]
     template: String,
+    /// VMMs the pool keeps waiting (default: the configured `pool_size`);
+    /// the node keeps this many network slots and two more ready.
+    #[arg(long)]
+    pool_size: Option<usize>,
+    /// Run every sample under two settings, side by side.
+    #[arg(long, value_enum)]
+    compare: Option<ForkCompare>,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ForkCompare {
+    /// The pool refilled at once, after the resume that took a VMM, and
+    /// once no resume is in flight.
+    Refill,
 }
 
 #[derive(Default)]
@@ -54,17 +75,72 @@ pub async fn run(args: ForkArgs) -> anyhow::Result<ExitCode> {
     if args.samples == 0 || args.n == 0 {
         bail!("give at least one sample and --n of 1 or more");
     }
-    let session = Session::start().await?;
-    let outcome = measure_all(&session.manager, &args).await;
-    session.close().await;
-    report(&args, &outcome?);
+    if args.compare.is_none() {
+        let session = Session::start_with(config(&args, None)?, None).await?;
+        let outcome = measure_all(&session.manager, &args).await;
+        session.close().await;
+        report(&args, &outcome?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut arms: [Measured; 3] = Default::default();
+    for i in 0..args.samples {
+        for k in (0..3).map(|j| (i + j) % 3) {
+            let session = Session::start_with(config(&args, Some(REFILLS[k].1))?, None).await?;
+            let outcome = measure_sample(&session.manager, &args, i, &mut arms[k]).await;
+            session.close().await;
+            outcome?;
+        }
+    }
+    for ((label, _), m) in REFILLS.iter().zip(&arms) {
+        if !args.json {
+            println!("{label}:");
+        }
+        report(&args, m);
+    }
     Ok(ExitCode::SUCCESS)
 }
 
+/// The arms of `--compare refill`: `(refill_after_ready, refill_when_quiet)`.
+const REFILLS: [(&str, (bool, bool)); 3] = [
+    ("refill at once", (false, false)),
+    (
+        "refill once the resume that took the VMM is ready",
+        (true, false),
+    ),
+    ("refill once no resume is in flight", (true, true)),
+];
+
+/// The bench node's configuration with `--pool-size` and the arm's refill.
+fn config(args: &ForkArgs, refill: Option<(bool, bool)>) -> anyhow::Result<NodeConfig> {
+    let mut config = super::session::bench_config("n")?;
+    if let Some(size) = args.pool_size {
+        config.pool_size = size;
+        config.warm_slots = size + 2;
+    }
+    if let Some((after_ready, when_quiet)) = refill {
+        config.refill_after_ready = after_ready;
+        config.refill_when_quiet = when_quiet;
+    }
+    Ok(config)
+}
+
 async fn measure_all(manager: &SandboxManager, args: &ForkArgs) -> anyhow::Result<Measured> {
-    manager.warm(&args.template)?;
     let mut m = Measured::default();
     for i in 0..args.samples {
+        measure_sample(manager, args, i, &mut m).await?;
+    }
+    Ok(m)
+}
+
+/// Sample `i`: a source, a fork of 1 and a fork of N, added to `m`.
+async fn measure_sample(
+    manager: &SandboxManager,
+    args: &ForkArgs,
+    i: usize,
+    m: &mut Measured,
+) -> anyhow::Result<()> {
+    manager.warm(&args.template)?;
+    {
         let source = create_pooled(manager, &args.template).await?;
         m.template_resume_ms
             .push(source.timings.as_ref().map_or(0.0, |t| t.total_ms));
@@ -73,6 +149,11 @@ async fn measure_all(manager: &SandboxManager, args: &ForkArgs) -> anyhow::Resul
             guest_root(manager, &source.id, &format!("echo {marker} > /tmp/marker")).await?;
             m.single_resume_ms
                 .push(fork_and_check(manager, &source.id, 1, &marker).await?.ms);
+            // Every sample's fork of N starts with the pool as full as it
+            // keeps itself.
+            manager
+                .wait_pool_full(&args.template, std::time::Duration::from_secs(120))
+                .await?;
             let forked = fork_and_check(manager, &source.id, args.n, &marker).await?;
             m.fork_ms.push(forked.ms);
             m.fork_cpu_busy.push(forked.cpu_busy);
@@ -83,7 +164,7 @@ async fn measure_all(manager: &SandboxManager, args: &ForkArgs) -> anyhow::Resul
         manager.kill(&source.id).await?;
         result.with_context(|| format!("sample {} of {}", i + 1, args.samples))?;
     }
-    Ok(m)
+    Ok(())
 }
 
 /// Forks `n` children of `source`: the time until all were ready, after

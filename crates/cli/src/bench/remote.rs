@@ -144,7 +144,7 @@ async fn sample(
     let mut config = home.clone();
     config.home = scratch.to_path_buf();
     config.sandbox_root = None;
-    config.net_tag = "n".into();
+    config.beside_server("n", siesta_net::Subnet::ten_slash_16(252));
     config.pool_size = 0;
     config.lazy_fetch = lazy;
     let node = Node::start(config).await?;

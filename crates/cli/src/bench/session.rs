@@ -51,7 +51,9 @@ impl Session {
 /// server's directory, whose recovery would take them for leftovers).
 pub fn bench_config(tag: &str) -> anyhow::Result<NodeConfig> {
     let mut config = NodeConfig::from_env().map_err(anyhow::Error::msg)?;
-    config.net_tag = tag.into();
+    // `n` for the sessions, `c` for the comparisons: each its own /16.
+    let second_octet = if tag == "c" { 253 } else { 252 };
+    config.beside_server(tag, siesta_net::Subnet::ten_slash_16(second_octet));
     let root = format!("ephemeral/{tag}-{}", std::process::id());
     config.sandbox_root = Some(config.home.join(root));
     Ok(config)

@@ -86,7 +86,8 @@ pub async fn exec_ok(m: &SandboxManager, id: &str, cmd: &str) -> String {
 }
 
 /// A node configuration in `home` whose network tag is unique to this test
-/// process and binary (`suffix`): never a server's or another test's slots.
+/// process and binary (`suffix`, a lowercase letter), on a subnet of its
+/// own: never a server's or another test's slots.
 #[allow(dead_code)] // not every test binary uses it
 pub fn node_config(home: &std::path::Path, suffix: char) -> siesta_sandbox::NodeConfig {
     let mut config = siesta_sandbox::NodeConfig::new(home);
@@ -98,6 +99,10 @@ pub fn node_config(home: &std::path::Path, suffix: char) -> siesta_sandbox::Node
         .map(|d| (b'a' + (d - b'0')) as char)
         .chain(std::iter::once(suffix))
         .collect();
+    // Never the default 10.250.0.0/16 of a server that may run meanwhile
+    // (`make up`); one /16 per suffix.
+    config.net_subnet =
+        siesta_net::Subnet::ten_slash_16(100 + (suffix as u8).wrapping_sub(b'a') % 26);
     config.warm_slots = 1;
     config.boot_ready_timeout = std::time::Duration::from_secs(240);
     config.resume_ready_timeout = std::time::Duration::from_secs(60);

@@ -91,6 +91,7 @@ fn warm_pool() -> PoolOptions {
         prealloc_memory: false,
         policy_skip: true,
         refill_after_ready: true,
+        refill_when_quiet: true,
     }
 }
 
