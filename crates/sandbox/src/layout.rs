@@ -11,8 +11,9 @@
 //!   ephemeral/<tag>-<pid>/<id>/  the same, of a bench's sandboxes (never the
 //!                      server's: its recovery leaves them alone)
 //!   run/pool/<n>/      sockets and logs of pre-spawned VMM processes
-//!   run/kernel-stubs/  the guest kernel's header, which restoring VMMs load
-//!                      instead of the whole kernel
+//!   cache/kernel-stubs/  the guest kernel's header, which restoring VMMs
+//!                      load instead of the whole kernel (not under `run/`,
+//!                      whose VM directories recovery owns)
 //!   build-files/<sha256>.tar  files uploaded for COPY steps of template
 //!                      builds, by the SHA-256 of the archive's inputs
 //! ```
@@ -106,7 +107,7 @@ impl Layout {
     /// Stand-ins for the guest kernel that VMMs restoring a snapshot load
     /// (`siesta_vmm::qemu::kernel_stub`).
     pub fn kernel_stubs(&self) -> PathBuf {
-        self.home.join("run/kernel-stubs")
+        self.home.join("cache/kernel-stubs")
     }
     /// Uploaded archives for the COPY steps of template builds.
     pub fn build_files(&self) -> PathBuf {

@@ -209,7 +209,7 @@ fn assert_loaded_kernel_stub(pid: u32, home: &Path) {
         .map(|i| Path::new(&args[i + 1]).to_path_buf())
         .expect("a -kernel argument");
     assert!(
-        kernel.starts_with(home.join("run/kernel-stubs")),
+        kernel.starts_with(home.join("cache/kernel-stubs")),
         "VMM {pid} loaded {}",
         kernel.display()
     );
