@@ -104,24 +104,38 @@ impl RamMapping {
         Ok(runs)
     }
 
-    /// Reads `buf.len()` bytes of the process's memory at `addr`.
-    pub fn read(&self, addr: u64, buf: &mut [u8]) -> io::Result<()> {
-        let mut got = 0usize;
-        while got < buf.len() {
-            let remote = [RemoteIoVec {
-                base: (addr as usize) + got,
-                len: buf.len() - got,
-            }];
-            let mut local = [IoSliceMut::new(&mut buf[got..])];
-            let n = process_vm_readv(Pid::from_raw(self.pid as i32), &mut local, &remote)
-                .map_err(io::Error::from)?;
-            if n == 0 {
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    format!("process {} memory at {:#x} reads short", self.pid, addr),
-                ));
-            }
-            got += n;
+    /// Reads the pages of `runs` (in order) into `slots`, which must hold
+    /// exactly as many bytes, in one `process_vm_readv`: the pages go
+    /// straight to where the caller wants them, with no buffer between.
+    pub fn read_runs(&self, runs: &[Run], slots: &mut [IoSliceMut<'_>]) -> io::Result<()> {
+        let remote: Vec<RemoteIoVec> = runs
+            .iter()
+            .map(|r| RemoteIoVec {
+                base: r.addr as usize,
+                len: r.pages as usize * PAGE_SIZE,
+            })
+            .collect();
+        let want: usize = remote.iter().map(|r| r.len).sum();
+        let room: usize = slots.iter().map(|s| s.len()).sum();
+        if room != want {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{want} bytes of pages to read into {room} bytes of slots"),
+            ));
+        }
+        let n = process_vm_readv(Pid::from_raw(self.pid as i32), slots, &remote)
+            .map_err(io::Error::from)?;
+        // The kernel stops short only where a remote page cannot be read:
+        // the mapping changed under a VMM that should be stopped.
+        if n != want {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!(
+                    "process {} memory at {:#x}: read {n} of {want} bytes",
+                    self.pid,
+                    runs.first().map_or(0, |r| r.addr)
+                ),
+            ));
         }
         Ok(())
     }
@@ -249,9 +263,15 @@ mod tests {
         assert_eq!(runs.len(), 1, "{runs:?}");
         assert_eq!((runs[0].offset, runs[0].pages), (3 * PAGE_SIZE as u64, 1));
         let mut page = vec![0u8; PAGE_SIZE];
-        map.read(runs[0].addr, &mut page).unwrap();
+        map.read_runs(&runs, &mut [IoSliceMut::new(&mut page)])
+            .unwrap();
         assert_eq!(page[5], 9);
         assert_eq!(page[6], 1);
+        let mut small = vec![0u8; 100];
+        let e = map
+            .read_runs(&runs, &mut [IoSliceMut::new(&mut small)])
+            .unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
         // SAFETY: the mapping made above, no longer used.
         unsafe { libc::munmap(ptr, len) };
         let e = RamMapping::find(std::process::id(), &path, len as u64).unwrap_err();

@@ -30,7 +30,7 @@
 //! one fill byte (ZERO) or the 4096-byte page (PAGE). Sections end with a
 //! footer (0x7e, section id).
 
-use std::io::{self, Write};
+use std::io::{self, IoSliceMut, Write};
 
 use super::stream::{parse_header_len, Reader};
 use super::X_IGNORE_SHARED;
@@ -154,38 +154,39 @@ pub struct ChangedStream<'f, W: Write> {
 }
 
 impl<W: Write> ChangedStream<'_, W> {
-    /// Adds the guest RAM page at byte `offset` of the block. An all-zero
-    /// page travels as a 9-byte ZERO record.
-    pub fn page(&mut self, offset: u64, data: &[u8]) -> io::Result<()> {
-        if data.len() != PAGE_SIZE
-            || !offset.is_multiple_of(PAGE_SIZE as u64)
-            || offset >= self.frame.memory_len
+    /// Adds the guest RAM pages at byte offsets `offsets` of the block.
+    /// Their records are laid out in the writer's own buffer and `read`
+    /// gets one 4096-byte slot per offset, in order, to read the pages into
+    /// straight from the VMM; all-zero pages are then shrunk to 9-byte ZERO
+    /// records in place. So no copy stands between reading a page out of
+    /// the VMM and writing it to the file.
+    pub fn append_pages(
+        &mut self,
+        offsets: &[u64],
+        read: impl FnOnce(&mut [IoSliceMut<'_>]) -> io::Result<()>,
+    ) -> io::Result<()>
+    where
+        W: ReserveWrite,
+    {
+        let len = self.frame.memory_len;
+        if let Some(bad) = offsets
+            .iter()
+            .find(|&&o| !o.is_multiple_of(PAGE_SIZE as u64) || o >= len)
         {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
-                format!(
-                    "page at {offset:#x} of {} bytes does not fit a {}-byte RAM block",
-                    data.len(),
-                    self.frame.memory_len
-                ),
+                format!("a page at {bad:#x} does not fit a {len}-byte RAM block"),
             ));
         }
-        let zero = data.iter().all(|&b| b == 0);
-        let mut flags = if zero { FLAG_ZERO } else { FLAG_PAGE };
-        if self.named {
-            flags |= FLAG_CONTINUE;
-        }
-        self.out.write_all(&(offset | flags).to_be_bytes())?;
-        if !self.named {
-            write_name(&mut self.out, &self.frame.memory_block)?;
-            self.named = true;
-        }
-        if zero {
-            self.out.write_all(&[0])?;
-        } else {
-            self.out.write_all(data)?;
-        }
-        self.pages += 1;
+        let block = self.frame.memory_block.as_str();
+        let named = self.named;
+        let most = offsets.len() * (8 + PAGE_SIZE) + if named { 0 } else { 1 + block.len() };
+        self.out.with_reserved(most, |buf| {
+            read(&mut page_slots(buf, offsets.len(), named, block))?;
+            Ok(encode_in_place(buf, offsets, named, block))
+        })?;
+        self.named |= !offsets.is_empty();
+        self.pages += offsets.len() as u64;
         Ok(())
     }
 
@@ -227,6 +228,101 @@ impl<W: Write> ChangedStream<'_, W> {
         self.out.write_all(b"{}")?;
         Ok(self.out)
     }
+}
+
+/// A writer that lends the free space at its end, so records are built
+/// (and pages read into them) where they will be written from.
+pub trait ReserveWrite: Write {
+    /// Calls `fill` with `n` bytes after what was written so far; `fill`
+    /// returns how many of them it used, and only those are written.
+    fn with_reserved(
+        &mut self,
+        n: usize,
+        fill: impl FnOnce(&mut [u8]) -> io::Result<usize>,
+    ) -> io::Result<()>;
+}
+
+impl ReserveWrite for Vec<u8> {
+    fn with_reserved(
+        &mut self,
+        n: usize,
+        fill: impl FnOnce(&mut [u8]) -> io::Result<usize>,
+    ) -> io::Result<()> {
+        let at = self.len();
+        self.resize(at + n, 0);
+        let used = fill(&mut self[at..]);
+        self.truncate(at + used.as_ref().map_or(0, |&u| u.min(n)));
+        used.map(|_| ())
+    }
+}
+
+/// Length of record `i`'s header: the offset word, and on the stream's
+/// first record of the guest RAM block its name.
+fn header_len(i: usize, named: bool, block: &str) -> usize {
+    if i == 0 && !named {
+        8 + 1 + block.len()
+    } else {
+        8
+    }
+}
+
+/// The page slots of `count` records laid out from the start of `buf`.
+fn page_slots<'b>(
+    buf: &'b mut [u8],
+    count: usize,
+    named: bool,
+    block: &str,
+) -> Vec<IoSliceMut<'b>> {
+    let mut slots = Vec::with_capacity(count);
+    let mut rest = buf;
+    for i in 0..count {
+        let (_, tail) = std::mem::take(&mut rest).split_at_mut(header_len(i, named, block));
+        let (page, tail) = tail.split_at_mut(PAGE_SIZE);
+        slots.push(IoSliceMut::new(page));
+        rest = tail;
+    }
+    slots
+}
+
+/// Writes the records' headers over the layout of [`page_slots`], moving
+/// pages down where a zero page before them became a ZERO record; returns
+/// the bytes the records take. Records only ever move towards the start,
+/// and each header lands before its own page's slot, so nothing unread is
+/// overwritten.
+fn encode_in_place(buf: &mut [u8], offsets: &[u64], named: bool, block: &str) -> usize {
+    let (mut from, mut to) = (0usize, 0usize);
+    for (i, &offset) in offsets.iter().enumerate() {
+        let header = header_len(i, named, block);
+        let page = from + header;
+        let zero = is_zero(&buf[page..page + PAGE_SIZE]);
+        let mut flags = if zero { FLAG_ZERO } else { FLAG_PAGE };
+        if header == 8 {
+            flags |= FLAG_CONTINUE;
+        }
+        buf[to..to + 8].copy_from_slice(&(offset | flags).to_be_bytes());
+        if header > 8 {
+            buf[to + 8] = block.len() as u8;
+            buf[to + 9..to + header].copy_from_slice(block.as_bytes());
+        }
+        if zero {
+            buf[to + header] = 0;
+            to += header + 1;
+        } else {
+            if to != from {
+                buf.copy_within(page..page + PAGE_SIZE, to + header);
+            }
+            to += header + PAGE_SIZE;
+        }
+        from = page + PAGE_SIZE;
+    }
+    to
+}
+
+/// Whether a page is all zero: 64-byte blocks OR-ed together (which the
+/// compiler vectorises), stopping at the first block that is not.
+fn is_zero(page: &[u8]) -> bool {
+    page.chunks(64)
+        .all(|block| block.iter().fold(0u8, |acc, &b| acc | b) == 0)
 }
 
 /// The device sections and EOF of a xen-save-devices-state file: the file

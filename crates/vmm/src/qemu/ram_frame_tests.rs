@@ -109,10 +109,16 @@ fn writes_changed_pages_then_the_frame_then_devices() {
     let s = template_stream(&["x-ignore-shared"]);
     let f = RamFrame::parse(&s, "mem").unwrap();
     let mut w = f.begin(Vec::new()).unwrap();
-    w.page(0, &[7; PAGE_SIZE]).unwrap();
-    w.page(3 * PAGE_SIZE as u64, &[0; PAGE_SIZE]).unwrap();
-    assert!(w.page(MEM_LEN, &[1; PAGE_SIZE]).is_err(), "past the block");
-    assert!(w.page(1, &[1; PAGE_SIZE]).is_err(), "unaligned");
+    w.append_pages(&[0, 3 * PAGE_SIZE as u64], |slots| {
+        slots[0].fill(7);
+        slots[1].fill(0);
+        Ok(())
+    })
+    .unwrap();
+    let none = |_: &mut [IoSliceMut<'_>]| -> io::Result<()> { panic!("no read for bad offsets") };
+    let past = w.append_pages(&[MEM_LEN], none).unwrap_err();
+    assert_eq!(past.kind(), io::ErrorKind::InvalidInput, "past the block");
+    assert!(w.append_pages(&[1], none).is_err(), "unaligned");
     assert_eq!(w.pages(), 2);
     let out = w.finish(&devices()).unwrap();
 
@@ -148,6 +154,70 @@ fn writes_changed_pages_then_the_frame_then_devices() {
     let rest = &out[r.pos..];
     assert_eq!(&rest[..rest.len() - 7], &devices()[8..]);
     assert_eq!(&rest[rest.len() - 7..], b"\x06\0\0\0\x02{}");
+}
+
+/// Batches in place give the same records as QEMU's layout: zero pages
+/// anywhere in a batch (first, between, last) become ZERO records and the
+/// pages after them move down intact; only the stream's first record names
+/// the block, in any batch.
+#[test]
+fn batches_frame_zero_and_data_pages_in_place() {
+    let s = template_stream(&["x-ignore-shared"]);
+    let f = RamFrame::parse(&s, "mem").unwrap();
+    let mut w = f.begin(Vec::new()).unwrap();
+    let fills: [u8; 8] = [0, 5, 0, 0, 6, 7, 0, 8];
+    let offsets: Vec<u64> = (0..8u64).map(|p| p * PAGE_SIZE as u64).collect();
+    for (batch, fill) in offsets.chunks(3).zip(fills.chunks(3)) {
+        w.append_pages(batch, |slots| {
+            for (slot, &b) in slots.iter_mut().zip(fill) {
+                slot.fill(b);
+                // One byte set at the end, so a page moved by one byte short shows.
+                slot[PAGE_SIZE - 1] = b;
+            }
+            Ok(())
+        })
+        .unwrap();
+    }
+    assert_eq!(w.pages(), 8);
+    let out = w.finish(&devices()).unwrap();
+    let mut r = Reader::new(&out);
+    r.pos = f.prefix.len() + 5;
+    let mut body = RamBody::default();
+    body.read(&mut r).unwrap();
+    let mem: Vec<&PageRecord> = body.pages.iter().filter(|p| p.block == "mem").collect();
+    assert_eq!(mem.len(), 8);
+    for (i, (p, &b)) in mem.iter().zip(&fills).enumerate() {
+        assert_eq!(p.offset, offsets[i]);
+        let want = if b == 0 {
+            PageData::Fill(0)
+        } else {
+            PageData::Bytes(vec![b; PAGE_SIZE])
+        };
+        assert_eq!(p.data, want, "page {i}");
+    }
+    let named = out[f.prefix.len()..]
+        .windows(4)
+        .filter(|w| w == b"\x03mem")
+        .count();
+    assert_eq!(named, 1, "the block is named once");
+}
+
+/// A read that fails writes nothing.
+#[test]
+fn a_failed_read_leaves_no_partial_records() {
+    let s = template_stream(&["x-ignore-shared"]);
+    let f = RamFrame::parse(&s, "mem").unwrap();
+    let mut w = f.begin(Vec::new()).unwrap();
+    let e = w
+        .append_pages(&[0], |_| Err(io::Error::other("gone")))
+        .unwrap_err();
+    assert_eq!(e.to_string(), "gone");
+    assert_eq!(w.pages(), 0);
+    let out = w.finish(&devices()).unwrap();
+    assert!(
+        !out[f.prefix.len()..].windows(4).any(|w| w == b"\x03mem"),
+        "no record of the failed batch"
+    );
 }
 
 #[test]

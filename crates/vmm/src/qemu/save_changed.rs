@@ -6,11 +6,11 @@
 //! pages (tens to hundreds of MiB, then fsync) runs on a blocking thread.
 
 use std::fs::{File, OpenOptions};
-use std::io::BufWriter;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use super::changed_pages::RamMapping;
+use super::changed_pages::{RamMapping, Run};
 use super::cmdline::MEMORY_BACKEND_ID;
 use super::hashing_writer::HashingWriter;
 use super::ram_frame::{RamFrame, PAGE_SIZE};
@@ -18,7 +18,8 @@ use super::write_behind::WriteBehind;
 use super::QemuInstance;
 use crate::{SaveInfo, StateWrite, VmmError};
 
-/// Pages read from the VMM per `process_vm_readv` (1 MiB).
+/// Pages read from the VMM per `process_vm_readv` (1 MiB, in at most as
+/// many pieces as the kernel takes in one call).
 const PAGES_PER_READ: u64 = 256;
 
 impl QemuInstance {
@@ -146,36 +147,28 @@ impl WriteJob {
             .map_err(state_err("create state file"))?;
         let mut out = self
             .frame
-            .begin(BufWriter::with_capacity(
-                1 << 20,
-                HashingWriter::new(WriteBehind::new(&file, self.write)),
-            ))
+            .begin(HashingWriter::new(WriteBehind::new(&file, self.write)))
             .map_err(state_err("write state file"))?;
-        let mut buf = vec![0u8; PAGES_PER_READ as usize * PAGE_SIZE];
-        for run in &runs {
-            let mut done = 0u64;
-            while done < run.pages {
-                let n = (run.pages - done).min(PAGES_PER_READ);
-                let bytes = &mut buf[..n as usize * PAGE_SIZE];
-                let skip = done * PAGE_SIZE as u64;
+        for batch in batches(&runs) {
+            let offsets: Vec<u64> = batch
+                .iter()
+                .flat_map(|r| (0..r.pages).map(|p| r.offset + p * PAGE_SIZE as u64))
+                .collect();
+            let mut read_failed = false;
+            out.append_pages(&offsets, |slots| {
                 mapping
-                    .read(run.addr + skip, bytes)
-                    .map_err(proc_err("read guest RAM of"))?;
-                for (i, page) in bytes.chunks_exact(PAGE_SIZE).enumerate() {
-                    let offset = run.offset + skip + (i * PAGE_SIZE) as u64;
-                    out.page(offset, page)
-                        .map_err(state_err("write state file"))?;
-                }
-                done += n;
-            }
+                    .read_runs(&batch, slots)
+                    .inspect_err(|_| read_failed = true)
+            })
+            .map_err(|e| match read_failed {
+                true => proc_err("read guest RAM of")(e),
+                false => state_err("write state file")(e),
+            })?;
         }
-        let w = out
+        let mut hashing = out
             .finish(&self.devices)
             .map_err(state_err("write state file"))?;
-        let hashing = w
-            .into_inner()
-            .map_err(|e| e.into_error())
-            .map_err(state_err("write state file"))?;
+        hashing.flush().map_err(state_err("write state file"))?;
         let write = t_write.elapsed();
         let t_sync = Instant::now();
         // The hashing thread drains its queue while the file syncs.
@@ -187,5 +180,68 @@ impl WriteJob {
                 .map_err(|e| ("fsync directory of state file", dir.to_path_buf(), e))?;
         }
         Ok((write, t_sync.elapsed(), sha256))
+    }
+}
+
+/// The changed runs cut into batches of at most [`PAGES_PER_READ`] pages,
+/// a run split where a batch fills up.
+fn batches(runs: &[Run]) -> Vec<Vec<Run>> {
+    let mut all = Vec::new();
+    let mut batch: Vec<Run> = Vec::new();
+    let mut room = PAGES_PER_READ;
+    for run in runs {
+        let mut done = 0;
+        while done < run.pages {
+            let n = (run.pages - done).min(room);
+            let skip = done * PAGE_SIZE as u64;
+            batch.push(Run {
+                offset: run.offset + skip,
+                addr: run.addr + skip,
+                pages: n,
+            });
+            done += n;
+            room -= n;
+            if room == 0 {
+                all.push(std::mem::take(&mut batch));
+                room = PAGES_PER_READ;
+            }
+        }
+    }
+    if !batch.is_empty() {
+        all.push(batch);
+    }
+    all
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batches_hold_at_most_a_read_and_keep_every_page_in_order() {
+        let run = |page: u64, pages: u64| Run {
+            offset: page * PAGE_SIZE as u64,
+            addr: 0x1000_0000 + page * PAGE_SIZE as u64,
+            pages,
+        };
+        let runs = [run(0, 10), run(20, 600), run(700, 1)];
+        let got = batches(&runs);
+        let sizes: Vec<u64> = got
+            .iter()
+            .map(|b| b.iter().map(|r| r.pages).sum())
+            .collect();
+        assert_eq!(sizes, [256, 256, 99]);
+        let pages: Vec<u64> = got
+            .iter()
+            .flatten()
+            .flat_map(|r| (0..r.pages).map(move |p| r.offset / PAGE_SIZE as u64 + p))
+            .collect();
+        let want: Vec<u64> = (0..10).chain(20..620).chain(700..701).collect();
+        assert_eq!(pages, want);
+        assert!(got
+            .iter()
+            .flatten()
+            .all(|r| r.addr - 0x1000_0000 == r.offset));
+        assert!(batches(&[]).is_empty());
     }
 }
