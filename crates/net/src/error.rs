@@ -32,7 +32,7 @@ pub enum NetError {
         source: io::Error,
     },
 
-    #[error("pool {tag}: all {capacity} slots are in use")]
+    #[error("pool {tag}: all {capacity} slots are in use (the most sandboxes this node runs at once: max_slots)")]
     Exhausted { tag: String, capacity: usize },
 
     #[error("pool {tag}: {state}")]

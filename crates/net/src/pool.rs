@@ -236,6 +236,19 @@ impl SlotPool {
         }
     }
 
+    /// Slots a sandbox could still get: the free indices and the warm
+    /// slots (made ahead, not handed out).
+    pub async fn room(&self) -> usize {
+        let st = self.shared.state.lock().await;
+        let held = st.allocated.len().saturating_sub(st.warm.len());
+        self.shared.capacity.saturating_sub(held)
+    }
+
+    /// The most slots this pool has at once.
+    pub fn capacity(&self) -> usize {
+        self.shared.capacity
+    }
+
     /// Reserves the lowest free index and builds the slot.
     async fn create_reserved(&self) -> Result<Slot> {
         let sh = &self.shared;

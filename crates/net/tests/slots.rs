@@ -234,10 +234,14 @@ async fn tap_slots_pool_reuse_and_policy() {
         .exists());
     ok(&["ip", "netns", "del", &other_tag_ns]);
     assert_eq!(pool.stats().await.warm, 1);
+    assert_eq!(pool.capacity(), 2);
+    assert_eq!(pool.room().await, 2, "a warm slot is room");
 
     let a = pool.acquire().await.unwrap();
     wait_warm(&pool, 1).await;
+    assert_eq!(pool.room().await, 1, "one handed out");
     let b = pool.acquire().await.unwrap();
+    assert_eq!(pool.room().await, 0);
     assert_ne!(a.index, b.index);
     assert_ne!(a.slot_addr, b.slot_addr);
     for s in [&a, &b] {

@@ -144,7 +144,7 @@ impl NodeConfig {
             memory_mib: 512,
             pool_size: 1,
             warm_slots: 2,
-            max_slots: 64,
+            max_slots: 256,
             net_tag: "s".to_string(),
             net_subnet: siesta_net::Subnet::default(),
             kernel_args: String::new(),

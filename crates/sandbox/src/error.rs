@@ -81,6 +81,15 @@ pub enum Error {
         source: Box<siesta_vmm::VmmError>,
     },
 
+    /// Every network slot of the node is held: it runs as many sandboxes
+    /// as `max_slots` allows.
+    #[error("this node has room for {room} more sandbox(es) and {wanted} were asked for: it runs at most {max_slots} at once (max_slots); kill or pause some, or raise max_slots in the config file's [node] section")]
+    NodeFull {
+        wanted: usize,
+        room: usize,
+        max_slots: usize,
+    },
+
     #[error("network for {id}: {source}")]
     Net {
         id: String,
@@ -149,6 +158,20 @@ impl Error {
             } => not_found(source),
             _ => false,
         }
+    }
+
+    /// True when the node has no network slot left for another sandbox
+    /// (found before starting, or when a slot was taken). The server
+    /// answers 429, which the E2B SDKs raise as their rate-limit error.
+    pub fn is_node_full(&self) -> bool {
+        matches!(
+            self,
+            Error::NodeFull { .. }
+                | Error::Net {
+                    source: siesta_net::NetError::Exhausted { .. },
+                    ..
+                }
+        )
     }
 
     pub(crate) fn vmm(id: impl Into<String>, source: siesta_vmm::VmmError) -> Self {

@@ -360,6 +360,12 @@ impl VmmPool {
         }
     }
 
+    /// How many VMMs wait for `template` now (each holds a network slot a
+    /// resume of that template takes over).
+    pub async fn waiting(&self, template: &str) -> usize {
+        self.ready.lock().await.get(template).map_or(0, Vec::len)
+    }
+
     /// Waits until at least one VMM waits for `template` (benchmarks use it
     /// so that every sample is a pool hit, as in the seed's warm-pool runs).
     pub async fn wait_ready(&self, template: &str, timeout: std::time::Duration) -> Result<()> {

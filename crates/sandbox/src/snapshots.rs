@@ -437,6 +437,7 @@ impl SandboxManager {
         }
         deadline(timeout_secs)?;
         let source = self.get(id).await?;
+        self.check_room(&source.template, count as usize).await?;
         let capture = self.capture(id, true).await?;
         let req = CreateRequest {
             template: capture.template.record.name.clone(),
@@ -462,6 +463,22 @@ impl SandboxManager {
             .collect()
             .await;
         Ok(children)
+    }
+
+    /// Refuses, before anything is captured, a fork whose children would
+    /// not all get a network slot: the free and warm slots, and those of
+    /// the VMMs waiting for the template (a child takes one over). A create
+    /// racing the fork can still take a slot; that child then fails alone.
+    async fn check_room(&self, template: &str, wanted: usize) -> Result<()> {
+        let room = self.node.net.room().await + self.pool.waiting(template).await;
+        if wanted > room {
+            return Err(Error::NodeFull {
+                wanted,
+                room,
+                max_slots: self.node.net.capacity(),
+            });
+        }
+        Ok(())
     }
 }
 

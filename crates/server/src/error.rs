@@ -45,6 +45,9 @@ impl From<Error> for ApiError {
         if e.is_missing_dependency() {
             return Self::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string());
         }
+        if e.is_node_full() {
+            return Self::new(StatusCode::TOO_MANY_REQUESTS, e.to_string());
+        }
         let status = match &e {
             Error::TemplateNotFound { .. } | Error::SandboxNotFound { .. } => StatusCode::NOT_FOUND,
             Error::WrongState { .. } | Error::KeyConflict { .. } => StatusCode::CONFLICT,
@@ -102,5 +105,27 @@ mod tests {
             ApiError::from(other).status,
             StatusCode::INTERNAL_SERVER_ERROR
         );
+    }
+
+    #[test]
+    fn a_full_node_is_429_naming_max_slots() {
+        let e = Error::NodeFull {
+            wanted: 8,
+            room: 3,
+            max_slots: 64,
+        };
+        let api = ApiError::from(e);
+        assert_eq!(api.status, StatusCode::TOO_MANY_REQUESTS);
+        assert!(api.message.contains("room for 3") && api.message.contains("max_slots"));
+        let e = Error::Net {
+            id: "sbx".into(),
+            source: siesta_net::NetError::Exhausted {
+                tag: "s".into(),
+                capacity: 64,
+            },
+        };
+        let api = ApiError::from(e);
+        assert_eq!(api.status, StatusCode::TOO_MANY_REQUESTS);
+        assert!(api.message.contains("max_slots"), "{}", api.message);
     }
 }
