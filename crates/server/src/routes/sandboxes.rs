@@ -120,6 +120,7 @@ const IDEMPOTENCY_KEY: &str = "idempotency-key";
         (status = 400, description = "a malformed body", body = Error),
         (status = 404, description = "no such template", body = Error),
         (status = 409, description = "the key was used with another body, or its sandbox no longer runs", body = Error),
+        (status = 429, description = "the node runs as many sandboxes as max_slots allows", body = Error),
     ),
 )]
 pub async fn create(
@@ -187,6 +188,7 @@ pub async fn create(
         (status = 400, description = "a malformed body", body = Error),
         (status = 404, description = "no such template", body = Error),
         (status = 409, description = "as for v2", body = Error),
+        (status = 429, description = "as for v2", body = Error),
     ),
 )]
 pub async fn create_v1(
@@ -395,6 +397,9 @@ enum ConnectAnswers {
     /// dead, or its guest did not come back
     #[response(status = 409)]
     Conflict(Error),
+    /// the node runs as many sandboxes as max_slots allows
+    #[response(status = 429)]
+    NodeFull(Error),
 }
 
 /// Resume a paused sandbox (201) or return a running one (200); either

@@ -133,6 +133,7 @@ pub struct ForkChild {
         (status = 400, description = "a malformed body or count", body = Error),
         (status = 404, description = "no such sandbox", body = Error),
         (status = 409, description = "not running", body = Error),
+        (status = 429, description = "fewer free network slots than children (max_slots); nothing was captured", body = Error),
     ),
 )]
 pub async fn fork(
