@@ -25,6 +25,11 @@ pub const TAP_MAC: &str = "02:fc:00:00:00:16";
 pub const TAP_NAME: &str = "tap0";
 /// Name of the namespace side of the slot's veth pair (private to the ns).
 pub const NS_VETH_NAME: &str = "veth0";
+/// MAC of the namespace side of every slot's veth pair. Each pair is a link
+/// of its own, so one address serves all; being fixed, the host holds it
+/// as a permanent neighbour of the slot address and never resolves it (see
+/// `slot::build`).
+pub const NS_VETH_MAC: &str = "02:fc:00:00:00:01";
 /// Name of the guest side of the test-only veth that replaces the tap.
 pub const FAKE_GUEST_IF: &str = "eth0";
 /// Port of the guest agent (envd).

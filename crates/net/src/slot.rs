@@ -12,7 +12,7 @@ use crate::egress::{EgressProxy, Resolver};
 use crate::error::Result;
 use crate::layout::{
     SlotLayout, AGENT_PORT, FAKE_GUEST_IF, GATEWAY_ADDR, GUEST_ADDR, GUEST_MAC, GUEST_PREFIX,
-    NS_VETH_NAME, TAP_MAC, TAP_NAME,
+    NS_VETH_MAC, NS_VETH_NAME, TAP_MAC, TAP_NAME,
 };
 use crate::netns;
 use crate::nft;
@@ -213,13 +213,20 @@ async fn build(l: &SlotLayout, guest_link: GuestLink) -> Result<()> {
             "peer",
             "name",
             NS_VETH_NAME,
+            "address",
+            NS_VETH_MAC,
             "netns",
             ns,
         ],
     )
     .await?;
+    // The host's end comes up last, once the namespace's end answers: a
+    // packet routed to the slot address before that (a host connection to
+    // the slot's previous sandbox retransmitting) would leave an
+    // unanswered ARP request, and the kernel asks again only a second
+    // later, holding every packet to the slot (the next sandbox's first
+    // `/health`) until then.
     cmd::ip(&scope, &["addr", "add", &host_cidr, "dev", &l.host_veth]).await?;
-    cmd::ip(&scope, &["link", "set", &l.host_veth, "up"]).await?;
 
     match guest_link {
         GuestLink::Tap => {
@@ -290,6 +297,24 @@ async fn build(l: &SlotLayout, guest_link: GuestLink) -> Result<()> {
                 "nud",
                 "permanent",
             ],
+        ],
+    )
+    .await?;
+    let slot_addr = l.slot_addr.to_string();
+    cmd::ip(&scope, &["link", "set", &l.host_veth, "up"]).await?;
+    // And with the neighbour fixed the host never resolves it at all.
+    cmd::ip(
+        &scope,
+        &[
+            "neigh",
+            "replace",
+            &slot_addr,
+            "lladdr",
+            NS_VETH_MAC,
+            "dev",
+            &l.host_veth,
+            "nud",
+            "permanent",
         ],
     )
     .await?;

@@ -9,7 +9,7 @@ use std::process::Command;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use siesta_net::layout::{GUEST_ADDR, GUEST_MAC, TAP_MAC};
+use siesta_net::layout::{GUEST_ADDR, GUEST_MAC, NS_VETH_MAC, TAP_MAC};
 use siesta_net::{
     spawn_in_netns, EgressPolicy, GuestLink, NetConfig, NetError, PolicyUpdate, Slot, SlotPool,
     Subnet, Tag,
@@ -143,6 +143,16 @@ fn assert_slot_plumbing(slot: &Slot) {
         host.contains(&format!("inet {}/30", slot.host_addr)),
         "{host}"
     );
+    // The slot address is a permanent neighbour: the host never ARPs for
+    // it (an unanswered request would hold packets for a second).
+    let slot_addr = slot.slot_addr.to_string();
+    let neigh = ok(&["ip", "neigh", "show", &slot_addr, "dev", slot.host_veth()]);
+    assert!(
+        neigh.contains(NS_VETH_MAC) && neigh.contains("PERMANENT"),
+        "{neigh}"
+    );
+    let veth = ok(&["ip", "-n", ns, "link", "show", "dev", "veth0"]);
+    assert!(veth.contains(NS_VETH_MAC), "{veth}");
     let inner = ok(&["ip", "-n", ns, "-o", "-4", "addr", "show", "dev", "veth0"]);
     assert!(
         inner.contains(&format!("inet {}/30", slot.slot_addr)),
