@@ -180,7 +180,9 @@ impl<W: Write> ChangedStream<'_, W> {
         }
         let block = self.frame.memory_block.as_str();
         let named = self.named;
-        let most = offsets.len() * (8 + PAGE_SIZE) + if named { 0 } else { 1 + block.len() };
+        let most = (0..offsets.len())
+            .map(|i| header_len(i, named, block) + PAGE_SIZE)
+            .sum();
         self.out.with_reserved(most, |buf| {
             read(&mut page_slots(buf, offsets.len(), named, block))?;
             Ok(encode_in_place(buf, offsets, named, block))
