@@ -423,6 +423,22 @@ async fn scenario(vmm: &QemuVmm, env: &Env, vms: &mut Vms) {
         .await
         .unwrap_err();
     assert!(matches!(e, VmmError::InvalidOperation { .. }), "{e}");
+    // QEMU cannot write the device state (a directory is in the way of its
+    // scratch file) while the pages are being written: the save fails
+    // naming the step, leaves no state file, and the VM saves afterwards.
+    let failing = env.dir.join("r1.failing");
+    std::fs::create_dir(env.dir.join("r1.failing.devices")).unwrap();
+    let e = vms[r1]
+        .save_changed_pages(&failing, &tmpl_state, StateWrite::Behind)
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("xen-save-devices-state"), "{e}");
+    assert!(
+        !failing.exists(),
+        "a failed save left {}",
+        failing.display()
+    );
+    println!("device state refused: {e}");
     // Only the pages the guest wrote, framed by the template's stream; then
     // a full save of the same VM, which must still work afterwards.
     let r1_changed = env.dir.join("r1.changed");

@@ -8,6 +8,7 @@
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::mpsc::{sync_channel, Receiver};
 use std::time::{Duration, Instant};
 
 use super::changed_pages::{RamMapping, Run};
@@ -41,17 +42,10 @@ impl QemuInstance {
         if st.running {
             qmp!(self, "stop", self.qmp.stop());
         }
-        let devices_path = devices_path(state);
-        let devices_name = devices_path.to_string_lossy().into_owned();
-        qmp!(
-            self,
-            "xen-save-devices-state",
-            self.qmp.xen_save_devices_state(&devices_name)
-        );
-        let devices = std::fs::read(&devices_path);
-        let _ = std::fs::remove_file(&devices_path);
-        let devices = devices.map_err(|e| self.io("read device state", &devices_path, e))?;
-
+        // The pages are read and written while QEMU saves the device state:
+        // with the vCPUs stopped neither changes the other, and the device
+        // sections only end the stream.
+        let (deliver, devices) = sync_channel(1);
         let job = WriteJob {
             pid: self.process.pid(),
             memory: self.spec.memory.path.clone(),
@@ -60,15 +54,29 @@ impl QemuInstance {
             devices,
             write,
         };
-        let id = self.spec.id.clone();
-        let written = tokio::task::spawn_blocking(move || job.run())
+        let writer = tokio::task::spawn_blocking(move || job.run());
+        let saved = self.save_devices(state).await.map(|bytes| {
+            // A writer that failed has stopped listening: its error is
+            // the one reported.
+            let _ = deliver.send(bytes);
+        });
+        drop(deliver);
+        let written = writer
             .await
-            .map_err(|e| self.invalid("save_changed_pages", format!("writer thread: {e}")))?;
-        let (write, sync, sha256) = written.map_err(|(op, path, source)| VmmError::Io {
-            id,
-            op,
-            path,
-            source,
+            .map_err(|e| self.invalid("save_changed_pages", format!("writer thread: {e}")));
+        let id = self.spec.id.clone();
+        let written = written.and_then(|w| {
+            saved?;
+            w.map_err(|(op, path, source)| VmmError::Io {
+                id,
+                op,
+                path,
+                source,
+            })
+        });
+        let (write, sync, sha256) = written.inspect_err(|_| {
+            // Half a state file is of no use to anyone.
+            let _ = std::fs::remove_file(state);
         })?;
         let state_bytes = std::fs::metadata(state)
             .map_err(|e| self.io("stat state file", state, e))?
@@ -80,6 +88,21 @@ impl QemuInstance {
             total: t0.elapsed(),
             sha256: Some(sha256),
         })
+    }
+
+    /// The device sections, from `xen-save-devices-state` into a scratch
+    /// file beside `state` (removed again).
+    async fn save_devices(&mut self, state: &Path) -> Result<Vec<u8>, VmmError> {
+        let path = devices_path(state);
+        let name = path.to_string_lossy().into_owned();
+        qmp!(
+            self,
+            "xen-save-devices-state",
+            self.qmp.xen_save_devices_state(&name)
+        );
+        let bytes = std::fs::read(&path);
+        let _ = std::fs::remove_file(&path);
+        bytes.map_err(|e| self.io("read device state", &path, e))
     }
 
     fn read_frame(&self, base: &Path) -> Result<RamFrame, VmmError> {
@@ -117,7 +140,9 @@ struct WriteJob {
     memory: PathBuf,
     state: PathBuf,
     frame: RamFrame,
-    devices: Vec<u8>,
+    /// The device state, delivered once QEMU has saved it; a closed
+    /// channel means it was not.
+    devices: Receiver<Vec<u8>>,
     write: StateWrite,
 }
 
@@ -165,8 +190,12 @@ impl WriteJob {
                 false => state_err("write state file")(e),
             })?;
         }
+        let devices = self.devices.recv().map_err(|_| {
+            let e = std::io::Error::other("QEMU did not save the device state");
+            state_err("end state file")(e)
+        })?;
         let mut hashing = out
-            .finish(&self.devices)
+            .finish(&devices)
             .map_err(state_err("write state file"))?;
         hashing.flush().map_err(state_err("write state file"))?;
         let write = t_write.elapsed();
