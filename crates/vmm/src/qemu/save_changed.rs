@@ -3,7 +3,9 @@
 //! (see [`super::ram_frame`] for the layout and why).
 //!
 //! The QMP part runs on the caller's task; scanning pagemap and writing the
-//! pages (tens to hundreds of MiB, then fsync) runs on a blocking thread.
+//! pages (tens to hundreds of MiB, then fsync) runs on a blocking thread,
+//! which starts as soon as the vCPUs stop, while QEMU saves the device
+//! state, and takes the device sections last.
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
