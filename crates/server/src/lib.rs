@@ -14,6 +14,7 @@ mod metrics;
 pub mod proxy;
 mod routes;
 mod sandbox_metrics;
+mod unread_body;
 
 pub use api_key::{is_e2b_shaped, load_or_create_api_keys, ApiKeys};
 pub use metrics::Metrics;
@@ -66,6 +67,8 @@ pub async fn serve(
     if let Some(cluster) = cluster {
         app = cluster_front::front(app, cluster_front::ClusterFront { cluster, manager });
     }
+    // Outermost, so that the front door's refusals are covered too.
+    let app = app.layer(axum::middleware::from_fn(unread_body::close_if_body_unread));
     let listener = conn::ResettableListener(listener);
     axum::serve(
         listener,
