@@ -36,7 +36,8 @@ pub async fn close_if_body_unread(req: Request, next: Next) -> Response {
     ) {
         return next.run(req).await;
     }
-    let (method, path) = (req.method().clone(), req.uri().path().to_string());
+    // Kept for the log line; both clones share their bytes, no copy.
+    let (method, uri) = (req.method().clone(), req.uri().clone());
     let (parts, body) = req.into_parts();
     let read = Arc::new(AtomicBool::new(body.is_end_stream()));
     let body = Body::new(Watched {
@@ -46,7 +47,7 @@ pub async fn close_if_body_unread(req: Request, next: Next) -> Response {
     let mut resp = next.run(Request::from_parts(parts, body)).await;
     // An upgrade hands the connection over; its head is the upgrade's.
     if !read.load(Ordering::SeqCst) && resp.status() != StatusCode::SWITCHING_PROTOCOLS {
-        tracing::debug!(%method, %path, status = %resp.status(), "answered before the request body was read: closing the connection");
+        tracing::debug!(%method, path = uri.path(), status = %resp.status(), "answered before the request body was read: closing the connection");
         resp.headers_mut()
             .insert(header::CONNECTION, HeaderValue::from_static("close"));
     }
