@@ -24,6 +24,10 @@ pub enum ImageError {
     DigestMismatch { digest: String, actual: String },
     #[error("layer {digest}: {detail}")]
     BadLayer { digest: String, detail: String },
+    /// Over one of [`crate::ImageLimits`]: `subject` is the image or layer,
+    /// `detail` says which limit and its value.
+    #[error("{subject}: {detail}")]
+    TooLarge { subject: String, detail: String },
     #[error("{what} {}: {source}", path.display())]
     Io {
         what: &'static str,

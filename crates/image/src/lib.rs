@@ -14,7 +14,9 @@
 
 mod config;
 mod error;
+mod limits;
 mod local;
+mod manifest;
 mod registry;
 mod source;
 mod store;
@@ -22,6 +24,7 @@ mod unpack;
 
 pub use config::ImageConfig;
 pub use error::{ImageError, Result};
+pub use limits::ImageLimits;
 pub use source::{Credentials, FetchOptions, ImageSource};
 pub use store::{hash_file, BlobStore};
 pub use unpack::{unpack_layers, UnpackStats};

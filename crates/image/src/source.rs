@@ -118,6 +118,8 @@ pub struct FetchOptions {
     /// Loopback registries (`localhost`, `127.0.0.0/8`, `[::1]`) always are,
     /// as Docker treats them.
     pub insecure_registries: Vec<String>,
+    /// Caps on what a pull downloads and what unpacking writes.
+    pub limits: crate::ImageLimits,
 }
 
 impl FetchOptions {

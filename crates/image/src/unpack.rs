@@ -8,6 +8,11 @@
 //! never touch the layer's own files, whatever order its tar has them in.
 //! Device nodes are skipped (the guest has devtmpfs); no entry may leave the
 //! root, through `..` or through a symbolic link.
+//!
+//! The first pass also counts the image's entries and the bytes they
+//! declare against [`ImageLimits`], so a gzip bomb is refused from its tar
+//! headers before its data is written; the decompressed stream itself is
+//! capped too. A failed unpack removes the root it made.
 
 use std::fs::File;
 use std::io::{BufReader, Read};
@@ -16,6 +21,7 @@ use std::path::{Component, Path, PathBuf};
 use flate2::read::MultiGzDecoder;
 
 use crate::error::{chain, ImageError, IoContext, Result};
+use crate::limits::{size_text, ImageLimits};
 use crate::registry::short;
 use crate::store::BlobStore;
 
@@ -31,34 +37,131 @@ pub struct UnpackStats {
     pub skipped_devices: u64,
 }
 
-/// Applies `layers` (digests in the store, lowest first) to `root`.
-pub fn unpack_layers(store: &BlobStore, layers: &[String], root: &Path) -> Result<UnpackStats> {
+/// Applies `layers` (digests in the store, lowest first) to `root`, within
+/// `limits`. When `root` did not exist and unpacking fails, it is removed:
+/// no partial tree is left behind.
+pub fn unpack_layers(
+    store: &BlobStore,
+    layers: &[String],
+    root: &Path,
+    limits: &ImageLimits,
+) -> Result<UnpackStats> {
+    let made = std::fs::symlink_metadata(root).is_err();
     std::fs::create_dir_all(root).ctx("creating the root directory", root)?;
+    let unpacked = unpack_all(store, layers, root, limits);
+    if unpacked.is_err() && made {
+        let _ = std::fs::remove_dir_all(root);
+    }
+    unpacked
+}
+
+fn unpack_all(
+    store: &BlobStore,
+    layers: &[String],
+    root: &Path,
+    limits: &ImageLimits,
+) -> Result<UnpackStats> {
     let mut stats = UnpackStats::default();
+    let mut budget = Budget::new(limits);
     for digest in layers {
         let blob = store.path(digest)?;
-        let bad = |detail: String| ImageError::BadLayer {
-            digest: short(digest).to_string(),
-            detail,
-        };
-        apply_whiteouts(&blob, root, &mut stats).map_err(|e| lift(e, &bad))?;
-        unpack_entries(&blob, root, &mut stats).map_err(|e| lift(e, &bad))?;
+        let cap = budget.stream_cap();
+        apply_whiteouts(&blob, root, &mut stats, &mut budget, cap).map_err(|e| lift(e, digest))?;
+        unpack_entries(&blob, root, &mut stats, cap).map_err(|e| lift(e, digest))?;
         stats.layers += 1;
     }
     Ok(stats)
 }
 
+/// What is left of the image's [`ImageLimits`] as its layers are read.
+struct Budget {
+    limits: ImageLimits,
+    entries: u64,
+    bytes: u64,
+}
+
+/// Stream bytes allowed per entry beyond its data: its header, padding and
+/// PAX or long-name records.
+const ENTRY_OVERHEAD: u64 = 4096;
+
+impl Budget {
+    fn new(limits: &ImageLimits) -> Self {
+        Self {
+            limits: *limits,
+            entries: 0,
+            bytes: 0,
+        }
+    }
+
+    /// Counts one entry of `size` bytes, refusing it over either limit.
+    fn take(&mut self, size: u64) -> LayerResult<()> {
+        self.entries += 1;
+        if self.entries > self.limits.max_entries {
+            return Err(LayerError::TooLarge(format!(
+                "the image has more than {} entries (files, directories, links), the limit on one image",
+                self.limits.max_entries
+            )));
+        }
+        self.bytes = self.bytes.saturating_add(size);
+        if self.bytes > self.limits.max_unpacked_bytes {
+            return Err(LayerError::TooLarge(format!(
+                "the image unpacks to more than {}, the limit on one image's unpacked bytes",
+                size_text(self.limits.max_unpacked_bytes)
+            )));
+        }
+        Ok(())
+    }
+
+    /// The most decompressed bytes a layer may stream: what the budget
+    /// still allows in data, plus each allowed entry's overhead. The tar
+    /// reader buffers PAX and long-name records whole, and nothing else
+    /// would bound them.
+    fn stream_cap(&self) -> u64 {
+        let entries = self.limits.max_entries.saturating_sub(self.entries) + 1;
+        (self.limits.max_unpacked_bytes.saturating_sub(self.bytes))
+            .saturating_add(entries.saturating_mul(ENTRY_OVERHEAD))
+    }
+}
+
 /// An error inside a layer, named by its digest.
-fn lift(e: LayerError, bad: &dyn Fn(String) -> ImageError) -> ImageError {
+fn lift(e: LayerError, digest: &str) -> ImageError {
+    let digest = short(digest).to_string();
     match e {
         LayerError::Image(i) => i,
-        LayerError::Bad(detail) => bad(detail),
+        LayerError::Bad(detail) => ImageError::BadLayer { digest, detail },
+        LayerError::TooLarge(detail) => ImageError::TooLarge {
+            subject: format!("layer {digest}"),
+            detail,
+        },
     }
+}
+
+/// A read error of a layer: [`StreamCapped`] (wrapped by `tar` or not) is
+/// the image's limit, anything else an I/O error on the cached blob.
+fn read_error(e: std::io::Error, blob: &Path) -> LayerError {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(&e);
+    while let Some(err) = cur {
+        let capped = err
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+            .is_some_and(|inner| inner.is::<StreamCapped>());
+        if capped || err.is::<StreamCapped>() {
+            return LayerError::TooLarge(StreamCapped.to_string());
+        }
+        cur = err.source();
+    }
+    LayerError::Image(ImageError::Io {
+        what: "reading a layer",
+        path: blob.to_path_buf(),
+        source: e,
+    })
 }
 
 enum LayerError {
     Image(ImageError),
     Bad(String),
+    /// Over one of the image's limits.
+    TooLarge(String),
 }
 
 impl From<ImageError> for LayerError {
@@ -69,8 +172,9 @@ impl From<ImageError> for LayerError {
 
 type LayerResult<T> = std::result::Result<T, LayerError>;
 
-/// The layer's tar stream, decompressed by what its first bytes say.
-fn open_layer(blob: &Path) -> LayerResult<tar::Archive<Box<dyn Read>>> {
+/// The layer's tar stream, decompressed by what its first bytes say, and
+/// cut off (an error) after `cap` bytes.
+fn open_layer(blob: &Path, cap: u64) -> LayerResult<tar::Archive<Box<dyn Read>>> {
     let mut file = BufReader::new(File::open(blob).ctx("opening a cached layer", blob)?);
     let mut magic = [0u8; 4];
     let n = read_up_to(&mut file, &mut magic).ctx("reading a cached layer", blob)?;
@@ -85,8 +189,35 @@ fn open_layer(blob: &Path) -> LayerResult<tar::Archive<Box<dyn Read>>> {
         }
         _ => stream,
     };
-    Ok(tar::Archive::new(reader))
+    Ok(tar::Archive::new(Box::new(Capped {
+        inner: reader,
+        left: cap,
+    })))
 }
+
+/// A reader that fails with [`StreamCapped`] once more than `left` bytes
+/// have come through.
+struct Capped<R> {
+    inner: R,
+    left: u64,
+}
+
+impl<R: Read> Read for Capped<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.left = self
+            .left
+            .checked_sub(n as u64)
+            .ok_or_else(|| std::io::Error::other(StreamCapped))?;
+        Ok(n)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the layer's tar stream is longer than the image's limits on unpacked bytes and entries allow"
+)]
+struct StreamCapped;
 
 fn read_up_to(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
     let mut n = 0;
@@ -138,11 +269,20 @@ fn inside(root: &Path, parts: &[String]) -> LayerResult<PathBuf> {
     Ok(p)
 }
 
-fn apply_whiteouts(blob: &Path, root: &Path, stats: &mut UnpackStats) -> LayerResult<()> {
-    let mut archive = open_layer(blob)?;
-    let entries = archive.entries().ctx("reading a layer", blob)?;
+/// The first pass: whiteouts, and every entry counted against `budget`.
+fn apply_whiteouts(
+    blob: &Path,
+    root: &Path,
+    stats: &mut UnpackStats,
+    budget: &mut Budget,
+    cap: u64,
+) -> LayerResult<()> {
+    let mut archive = open_layer(blob, cap)?;
+    let entries = archive.entries().map_err(|e| read_error(e, blob))?;
     for entry in entries {
-        let entry = entry.ctx("reading a layer", blob)?;
+        let entry = entry.map_err(|e| read_error(e, blob))?;
+        // Before its data is read: a bomb fails here, on its header.
+        budget.take(entry.size())?;
         let parts = member_path(&entry.path().ctx("reading a layer entry's name", blob)?)?;
         let Some((name, dir)) = parts.split_last() else {
             continue;
@@ -179,8 +319,8 @@ fn remove(p: &Path) -> LayerResult<()> {
     Ok(())
 }
 
-fn unpack_entries(blob: &Path, root: &Path, stats: &mut UnpackStats) -> LayerResult<()> {
-    let mut archive = open_layer(blob)?;
+fn unpack_entries(blob: &Path, root: &Path, stats: &mut UnpackStats, cap: u64) -> LayerResult<()> {
+    let mut archive = open_layer(blob, cap)?;
     // Numeric owners (never mapped through the host's user names), set
     // before the mode so set-uid bits survive.
     archive.set_preserve_ownerships(true);
@@ -188,9 +328,9 @@ fn unpack_entries(blob: &Path, root: &Path, stats: &mut UnpackStats) -> LayerRes
     archive.set_preserve_mtime(true);
     archive.set_unpack_xattrs(true);
     archive.set_overwrite(true);
-    let entries = archive.entries().ctx("reading a layer", blob)?;
+    let entries = archive.entries().map_err(|e| read_error(e, blob))?;
     for entry in entries {
-        let mut entry = entry.ctx("reading a layer", blob)?;
+        let mut entry = entry.map_err(|e| read_error(e, blob))?;
         let raw = entry
             .path()
             .ctx("reading a layer entry's name", blob)?
@@ -328,7 +468,7 @@ mod tests {
             ],
             false,
         );
-        let stats = unpack_layers(&store, &[lower, upper], &root).unwrap();
+        let stats = unpack_layers(&store, &[lower, upper], &root, &ImageLimits::DEFAULT).unwrap();
         assert_eq!(stats.layers, 2);
         assert_eq!(stats.whiteouts, 2);
         assert_eq!(stats.skipped_devices, 1);
@@ -363,7 +503,13 @@ mod tests {
             false,
         );
         let through = layer(&store, &[E::File("escape/pwned", b"x", 0o644, 0)], false);
-        let e = unpack_layers(&store, &[link.clone(), through], &root).unwrap_err();
+        let e = unpack_layers(
+            &store,
+            &[link.clone(), through],
+            &root,
+            &ImageLimits::DEFAULT,
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("symbolic link"), "{e}");
         let whiteout = layer(
             &store,
@@ -371,9 +517,112 @@ mod tests {
             false,
         );
         std::fs::write(outside.join("victim"), b"v").unwrap();
-        assert!(unpack_layers(&store, &[link, whiteout], &root).is_err());
+        assert!(unpack_layers(&store, &[link, whiteout], &root, &ImageLimits::DEFAULT).is_err());
         assert!(outside.join("victim").exists());
         assert!(!outside.join("pwned").exists());
+    }
+
+    /// `limits` with `max_unpacked_bytes` and `max_entries` lowered.
+    fn lowered(bytes: u64, entries: u64) -> ImageLimits {
+        ImageLimits {
+            max_unpacked_bytes: bytes,
+            max_entries: entries,
+            ..ImageLimits::DEFAULT
+        }
+    }
+
+    #[test]
+    fn a_gzip_bomb_is_refused_and_leaves_no_tree() {
+        let (_d, store, root) = setup();
+        let zeros = vec![0u8; 8 << 20];
+        let bomb = layer(
+            &store,
+            &[
+                E::Dir("etc"),
+                E::File("etc/hostname", b"bomb\n", 0o644, 0),
+                E::File("zeros", &zeros, 0o644, 0),
+            ],
+            true,
+        );
+        let compressed = std::fs::metadata(store.path(&bomb).unwrap()).unwrap().len();
+        assert!(compressed < 256 << 10, "not a bomb: {compressed} bytes");
+        let e = unpack_layers(
+            &store,
+            std::slice::from_ref(&bomb),
+            &root,
+            &lowered(1 << 20, 100),
+        )
+        .unwrap_err();
+        assert!(matches!(e, ImageError::TooLarge { .. }), "{e}");
+        let text = e.to_string();
+        assert!(
+            text.contains(&bomb[7..19])
+                && text.contains("more than 1.0 MiB")
+                && text.contains("unpacked bytes"),
+            "{text}"
+        );
+        assert!(!root.exists(), "a partial tree was left behind");
+        // The same layer within the limits unpacks: the limit refused it.
+        unpack_layers(&store, &[bomb], &root, &lowered(16 << 20, 100)).unwrap();
+        assert_eq!(
+            std::fs::metadata(root.join("zeros")).unwrap().len(),
+            8 << 20
+        );
+    }
+
+    #[test]
+    fn limits_count_over_all_layers() {
+        let (_d, store, root) = setup();
+        let half = vec![7u8; 600 << 10];
+        let a = layer(&store, &[E::File("a", &half, 0o644, 0)], true);
+        let b = layer(&store, &[E::File("b", &half, 0o644, 0)], true);
+        let e = unpack_layers(
+            &store,
+            &[a.clone(), b.clone()],
+            &root,
+            &lowered(1 << 20, 100),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains(&b[7..19]) && e.contains("more than 1.0 MiB"),
+            "{e}"
+        );
+        assert!(!root.exists());
+        let many: Vec<String> = (0..20).map(|i| format!("f{i}")).collect();
+        let files: Vec<E> = many.iter().map(|n| E::File(n, b"", 0o644, 0)).collect();
+        let c = layer(&store, &files, false);
+        let e = unpack_layers(&store, &[a, c], &root, &lowered(16 << 20, 10))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("more than 10 entries"), "{e}");
+        assert!(!root.exists());
+    }
+
+    #[test]
+    fn a_long_name_record_cannot_outgrow_the_limits() {
+        let (_d, store, root) = setup();
+        // A GNU long-name record (which tar buffers whole) of 4 MiB.
+        let mut b = tar::Builder::new(Vec::new());
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::GNULongName);
+        h.set_size(4 << 20);
+        h.set_path("././@LongLink").unwrap();
+        h.set_cksum();
+        b.append(&h, std::io::repeat(b'a').take(4 << 20)).unwrap();
+        let mut f = tar::Header::new_gnu();
+        f.set_entry_type(tar::EntryType::Regular);
+        f.set_size(0);
+        b.append_data(&mut f, "short", &[][..]).unwrap();
+        let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        enc.write_all(&b.into_inner().unwrap()).unwrap();
+        let d = store
+            .insert(&mut enc.finish().unwrap().as_slice(), None)
+            .unwrap();
+        let e = unpack_layers(&store, &[d], &root, &lowered(1 << 20, 10)).unwrap_err();
+        assert!(matches!(e, ImageError::TooLarge { .. }), "{e}");
+        assert!(e.to_string().contains("tar stream is longer"), "{e}");
+        assert!(!root.exists());
     }
 
     #[test]
@@ -382,9 +631,14 @@ mod tests {
         let mut junk = vec![0x1f, 0x8b];
         junk.extend_from_slice(&[0xff; 64]);
         let d = store.insert(&mut junk.as_slice(), None).unwrap();
-        let e = unpack_layers(&store, std::slice::from_ref(&d), &root)
-            .unwrap_err()
-            .to_string();
+        let e = unpack_layers(
+            &store,
+            std::slice::from_ref(&d),
+            &root,
+            &ImageLimits::DEFAULT,
+        )
+        .unwrap_err()
+        .to_string();
         assert!(e.contains(&d[7..19]), "{e}");
     }
 }

@@ -11,8 +11,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use siesta_image::{
-    fetch, unpack_layers, BlobStore, Credentials, FetchOptions, ImageError, ImageSource,
-    ProgressEvent,
+    fetch, unpack_layers, BlobStore, Credentials, FetchOptions, ImageError, ImageLimits,
+    ImageSource, ProgressEvent,
 };
 
 fn run(cmd: &mut Command) {
@@ -204,7 +204,7 @@ fn add_index(layout: &Path, tag: &str, platforms: &[(&str, &str)]) {
 }
 
 fn check_unpacked(store: &BlobStore, layers: &[String], root: &Path) {
-    unpack_layers(store, layers, root).unwrap();
+    unpack_layers(store, layers, root, &ImageLimits::DEFAULT).unwrap();
     assert_eq!(
         std::fs::read_to_string(root.join("srv/new.txt")).unwrap(),
         "new"
@@ -388,4 +388,62 @@ async fn bad_sources_are_clear_errors() {
         .await
         .unwrap_err();
     assert!(e.to_string().contains("no image tagged `other`"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn manifests_and_layers_over_the_limits_are_refused_before_they_are_pulled() {
+    let dir = tempfile::tempdir().unwrap();
+    let layout = make_layout(dir.path());
+    let reg = Registry::start(dir.path(), None);
+    push(
+        &layout,
+        &format!("docker://{}:oci", reg.name("test/tiny")),
+        &[],
+    );
+    let store = BlobStore::open(dir.path().join("cache")).unwrap();
+    let src = ImageSource::parse(&format!("{}:oci", reg.name("test/tiny"))).unwrap();
+    let with = |limits: ImageLimits| FetchOptions {
+        limits,
+        ..Default::default()
+    };
+
+    let small_manifests = ImageLimits {
+        max_manifest_bytes: 64,
+        ..ImageLimits::DEFAULT
+    };
+    let e = fetch(&src, &with(small_manifests), &store, &quiet)
+        .await
+        .unwrap_err();
+    assert!(matches!(e, ImageError::TooLarge { .. }), "{e}");
+    assert!(
+        e.to_string()
+            .contains("manifest is over the limit of 64 bytes"),
+        "{e}"
+    );
+
+    // busybox alone is over 100 KiB compressed.
+    let small_layers = ImageLimits {
+        max_layer_bytes: 100 << 10,
+        ..ImageLimits::DEFAULT
+    };
+    let e = fetch(&src, &with(small_layers), &store, &quiet)
+        .await
+        .unwrap_err();
+    assert!(matches!(e, ImageError::TooLarge { .. }), "{e}");
+    assert!(
+        e.to_string()
+            .contains("over the limit of 102400 bytes on one layer"),
+        "{e}"
+    );
+    let cached = std::fs::read_dir(store.dir().join("sha256"))
+        .unwrap()
+        .count();
+    assert_eq!(cached, 0, "a refused layer was pulled");
+    assert_eq!(
+        std::fs::read_dir(store.dir().join("tmp")).unwrap().count(),
+        0
+    );
+    fetch(&src, &FetchOptions::default(), &store, &quiet)
+        .await
+        .unwrap();
 }

@@ -43,6 +43,7 @@ impl Base {
                 let opts = siesta_image::FetchOptions {
                     credentials: credentials.clone(),
                     insecure_registries: node.config.insecure_registries.clone(),
+                    limits: siesta_image::ImageLimits::DEFAULT,
                 };
                 let store = from_image::open_cache(node)?;
                 let image = from_image::fetch(&store, &parsed, &opts, log).await?;

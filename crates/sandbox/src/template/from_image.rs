@@ -109,7 +109,12 @@ pub(super) async fn write_disk(
     let (root_c, image_c) = (root.clone(), image.clone());
     let prepared =
         tokio::task::spawn_blocking(move || -> Result<(TemplateDefaults, Vec<String>, Usage)> {
-            siesta_image::unpack_layers(&store, &layers, &root_c)?;
+            siesta_image::unpack_layers(
+                &store,
+                &layers,
+                &root_c,
+                &siesta_image::ImageLimits::DEFAULT,
+            )?;
             let notes = prepare_guest(&root_c, &agent)?;
             let defaults = defaults_of(&image_c, &root_c);
             Ok((defaults, notes, usage(&root_c)?))
