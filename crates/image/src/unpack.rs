@@ -21,9 +21,12 @@ use std::path::{Component, Path, PathBuf};
 use flate2::read::MultiGzDecoder;
 
 use crate::error::{chain, ImageError, IoContext, Result};
-use crate::limits::{size_text, ImageLimits};
+use crate::limits::ImageLimits;
 use crate::registry::short;
+
+mod budget;
 use crate::store::BlobStore;
+use budget::{read_error, Budget, Capped};
 
 const OPAQUE: &str = ".wh..wh..opq";
 const WHITEOUT: &str = ".wh.";
@@ -73,56 +76,6 @@ fn unpack_all(
     Ok(stats)
 }
 
-/// What is left of the image's [`ImageLimits`] as its layers are read.
-struct Budget {
-    limits: ImageLimits,
-    entries: u64,
-    bytes: u64,
-}
-
-/// Stream bytes allowed per entry beyond its data: its header, padding and
-/// PAX or long-name records.
-const ENTRY_OVERHEAD: u64 = 4096;
-
-impl Budget {
-    fn new(limits: &ImageLimits) -> Self {
-        Self {
-            limits: *limits,
-            entries: 0,
-            bytes: 0,
-        }
-    }
-
-    /// Counts one entry of `size` bytes, refusing it over either limit.
-    fn take(&mut self, size: u64) -> LayerResult<()> {
-        self.entries += 1;
-        if self.entries > self.limits.max_entries {
-            return Err(LayerError::TooLarge(format!(
-                "the image has more than {} entries (files, directories, links), the limit on one image",
-                self.limits.max_entries
-            )));
-        }
-        self.bytes = self.bytes.saturating_add(size);
-        if self.bytes > self.limits.max_unpacked_bytes {
-            return Err(LayerError::TooLarge(format!(
-                "the image unpacks to more than {}, the limit on one image's unpacked bytes",
-                size_text(self.limits.max_unpacked_bytes)
-            )));
-        }
-        Ok(())
-    }
-
-    /// The most decompressed bytes a layer may stream: what the budget
-    /// still allows in data, plus each allowed entry's overhead. The tar
-    /// reader buffers PAX and long-name records whole, and nothing else
-    /// would bound them.
-    fn stream_cap(&self) -> u64 {
-        let entries = self.limits.max_entries.saturating_sub(self.entries) + 1;
-        (self.limits.max_unpacked_bytes.saturating_sub(self.bytes))
-            .saturating_add(entries.saturating_mul(ENTRY_OVERHEAD))
-    }
-}
-
 /// An error inside a layer, named by its digest.
 fn lift(e: LayerError, digest: &str) -> ImageError {
     let digest = short(digest).to_string();
@@ -134,27 +87,6 @@ fn lift(e: LayerError, digest: &str) -> ImageError {
             detail,
         },
     }
-}
-
-/// A read error of a layer: [`StreamCapped`] (wrapped by `tar` or not) is
-/// the image's limit, anything else an I/O error on the cached blob.
-fn read_error(e: std::io::Error, blob: &Path) -> LayerError {
-    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(&e);
-    while let Some(err) = cur {
-        let capped = err
-            .downcast_ref::<std::io::Error>()
-            .and_then(|io| io.get_ref())
-            .is_some_and(|inner| inner.is::<StreamCapped>());
-        if capped || err.is::<StreamCapped>() {
-            return LayerError::TooLarge(StreamCapped.to_string());
-        }
-        cur = err.source();
-    }
-    LayerError::Image(ImageError::Io {
-        what: "reading a layer",
-        path: blob.to_path_buf(),
-        source: e,
-    })
 }
 
 enum LayerError {
@@ -194,30 +126,6 @@ fn open_layer(blob: &Path, cap: u64) -> LayerResult<tar::Archive<Box<dyn Read>>>
         left: cap,
     })))
 }
-
-/// A reader that fails with [`StreamCapped`] once more than `left` bytes
-/// have come through.
-struct Capped<R> {
-    inner: R,
-    left: u64,
-}
-
-impl<R: Read> Read for Capped<R> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let n = self.inner.read(buf)?;
-        self.left = self
-            .left
-            .checked_sub(n as u64)
-            .ok_or_else(|| std::io::Error::other(StreamCapped))?;
-        Ok(n)
-    }
-}
-
-#[derive(Debug, thiserror::Error)]
-#[error(
-    "the layer's tar stream is longer than the image's limits on unpacked bytes and entries allow"
-)]
-struct StreamCapped;
 
 fn read_up_to(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
     let mut n = 0;
