@@ -4,6 +4,7 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
+use crate::boundary::Boundary;
 use crate::cmd;
 use crate::error::{NetError, Result};
 use crate::layout::{Subnet, Tag};
@@ -112,7 +113,11 @@ fn subnet_users(ip_output: &str, subnet: &Subnet) -> Vec<(String, String)> {
 
 /// Installs the root table; enables forwarding and masquerade out of the
 /// default-route interface when the host has one. Returns that interface.
-pub(crate) async fn setup_root(tag: &Tag, subnet: &Subnet) -> Result<Option<String>> {
+pub(crate) async fn setup_root(
+    tag: &Tag,
+    subnet: &Subnet,
+    boundary: &Boundary,
+) -> Result<Option<String>> {
     let scope = scope(tag);
     let routes = cmd::ip(&scope, &["-4", "route", "show", "default"]).await?;
     let egress = parse_default_dev(&routes);
@@ -128,7 +133,7 @@ pub(crate) async fn setup_root(tag: &Tag, subnet: &Subnet) -> Result<Option<Stri
     cmd::nft(
         &scope,
         None,
-        &nft::root_table(tag, subnet, egress.as_deref()),
+        &nft::root_table(tag, subnet, egress.as_deref(), boundary),
     )
     .await?;
     Ok(egress)

@@ -12,6 +12,7 @@
 //! Slots are pooled by [`SlotPool`]: created ahead of time, handed out by
 //! [`SlotPool::acquire`], taken back by [`SlotPool::release`].
 
+pub mod boundary;
 mod cmd;
 pub mod egress;
 pub mod error;
@@ -23,6 +24,7 @@ pub mod policy;
 mod pool;
 mod slot;
 
+pub use boundary::Boundary;
 pub use egress::{DomainPattern, EgressProxy, Resolver};
 pub use error::{NetError, Result};
 pub use layout::{SlotLayout, Subnet, Tag};

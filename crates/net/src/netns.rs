@@ -90,6 +90,22 @@ pub fn parse_default_dev(out: &str) -> Option<String> {
     None
 }
 
+/// Turns IPv6 off on every interface of the calling thread's namespace,
+/// present and future: slots filter IPv4 only, so a guest must have no
+/// IPv6 path out of its namespace at all. A kernel without IPv6 has
+/// nothing to turn off.
+pub(crate) fn disable_ipv6() -> io::Result<()> {
+    for knob in ["all", "default"] {
+        let path = format!("/proc/sys/net/ipv6/conf/{knob}/disable_ipv6");
+        match std::fs::write(&path, "1") {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(io::Error::new(e.kind(), format!("{path}: {e}"))),
+        }
+    }
+    Ok(())
+}
+
 /// Deletes every IPv4 conntrack entry of the calling thread's namespace
 /// (one IPCTNL_MSG_CT_DELETE without attributes, as `conntrack -F` does).
 pub(crate) fn flush_conntrack() -> io::Result<()> {

@@ -3,9 +3,10 @@
 
 use std::fmt::Write as _;
 
+use crate::boundary::Boundary;
 use crate::layout::{
-    SlotLayout, Subnet, Tag, EGRESS_PROXY_PORT, GUEST_ADDR, GUEST_NAMESERVERS, GUEST_NET,
-    GUEST_PREFIX, NS_TABLE, NS_VETH_NAME, TAP_NAME,
+    SlotLayout, Subnet, Tag, EGRESS_PROXY_PORT, GUEST_ADDR, GUEST_MAC, GUEST_NAMESERVERS,
+    GUEST_NET, GUEST_PREFIX, NS_TABLE, NS_VETH_NAME, TAP_NAME,
 };
 use crate::policy::EgressPolicy;
 
@@ -22,13 +23,30 @@ pub const REDIRECT_CHAIN: &str = "egress_redirect";
 ///   slot address;
 /// - egress: the guest's egress policy;
 /// - egress_redirect: the guest's web traffic to the egress proxy, when the
-///   policy has domain rules.
+///   policy has domain rules;
+/// - spoofing: before anything else, a frame from the guest with another
+///   source MAC or IPv4 address than the guest's own is dropped, so every
+///   packet that leaves the slot is the guest's, SNATed to the slot address.
 pub fn slot_table(layout: &SlotLayout, policy: &EgressPolicy) -> String {
     let mut s = String::new();
     // Declare-then-delete makes the script valid whether or not it exists.
     let _ = writeln!(s, "table ip {NS_TABLE}");
     let _ = writeln!(s, "delete table ip {NS_TABLE}");
     let _ = writeln!(s, "table ip {NS_TABLE} {{");
+    let _ = writeln!(s, "  chain spoofing {{");
+    let _ = writeln!(
+        s,
+        "    type filter hook prerouting priority raw; policy accept;"
+    );
+    let _ = writeln!(
+        s,
+        "    iifname \"{TAP_NAME}\" ether saddr != {GUEST_MAC} drop"
+    );
+    let _ = writeln!(
+        s,
+        "    iifname \"{TAP_NAME}\" ip saddr != {GUEST_ADDR} drop"
+    );
+    let _ = writeln!(s, "  }}");
     let _ = writeln!(s, "  chain prerouting {{");
     let _ = writeln!(
         s,
@@ -154,14 +172,32 @@ pub fn egress_rules(policy: &EgressPolicy) -> Vec<String> {
     rules
 }
 
+/// Prefix every slot's host-side veth has, whatever its instance's tag
+/// (see [`crate::layout::Tag::host_veth`]): the root table matches guest
+/// traffic of *all* instances on the host by it, not just its own subnet.
+pub const HOST_VETH_GLOB: &str = "svh*";
+
 /// The root-namespace table owned by one pool instance:
 /// - masquerade of the slot subnet out of the default-route interface (only
 ///   when the host has one);
-/// - no forwarding between slots (a guest must not reach another slot's
-///   address through the host);
-/// - no new connections from slots to the host itself.
-pub fn root_table(tag: &Tag, subnet: &Subnet, egress_if: Option<&str>) -> String {
+/// - forward: no traffic between slots of any instance on the host; none
+///   that the host DNATed (ports a host publishes are not the guest's to
+///   reach); only then the operator's opened private networks, and no
+///   traffic to the node's surroundings ([`Boundary`]). Every instance's
+///   table drops guest traffic of every instance, so one instance with an
+///   older table cannot open a hole for the others;
+/// - input: no new connections from any slot to the host itself.
+///
+/// These chains sit outside the slots' namespaces, so no guest rule
+/// (`allowOut`) can lift them.
+pub fn root_table(
+    tag: &Tag,
+    subnet: &Subnet,
+    egress_if: Option<&str>,
+    boundary: &Boundary,
+) -> String {
     let table = tag.root_table();
+    let slots = format!("iifname \"{HOST_VETH_GLOB}\"");
     let mut s = String::new();
     let _ = writeln!(s, "table ip {table}");
     let _ = writeln!(s, "delete table ip {table}");
@@ -184,13 +220,28 @@ pub fn root_table(tag: &Tag, subnet: &Subnet, egress_if: Option<&str>) -> String
         s,
         "    type filter hook forward priority filter; policy accept;"
     );
+    let _ = writeln!(s, "    {slots} oifname \"{HOST_VETH_GLOB}\" drop");
     let _ = writeln!(s, "    ip saddr {subnet} ip daddr {subnet} drop");
+    let _ = writeln!(s, "    {slots} ct status dnat drop");
+    if !boundary.private_allow().is_empty() {
+        let _ = writeln!(
+            s,
+            "    {slots} ip daddr {} accept",
+            cidr_set(boundary.private_allow())
+        );
+    }
+    let _ = writeln!(
+        s,
+        "    {slots} ip daddr {} drop",
+        cidr_set(&Boundary::blocked())
+    );
     let _ = writeln!(s, "  }}");
     let _ = writeln!(s, "  chain input {{");
     let _ = writeln!(
         s,
         "    type filter hook input priority filter; policy accept;"
     );
+    let _ = writeln!(s, "    {slots} ct state new drop");
     let _ = writeln!(s, "    ip saddr {subnet} ct state new drop");
     let _ = writeln!(s, "  }}");
     let _ = writeln!(s, "}}");
@@ -308,20 +359,69 @@ mod tests {
     #[test]
     fn root_table_masquerades_only_with_default_route() {
         let tag = Tag::new("ab").unwrap();
-        let with = root_table(&tag, &Subnet::default(), Some("eth0"));
+        let none = Boundary::default();
+        let with = root_table(&tag, &Subnet::default(), Some("eth0"), &none);
         assert!(with.starts_with("table ip siesta-ab\ndelete table ip siesta-ab\n"));
         assert!(with.contains("ip saddr 10.250.0.0/16 oifname \"eth0\" masquerade\n"));
         assert!(with.contains("ip saddr 10.250.0.0/16 ip daddr 10.250.0.0/16 drop\n"));
         assert!(with.contains("ip saddr 10.250.0.0/16 ct state new drop\n"));
-        let without = root_table(&tag, &Subnet::default(), None);
+        let without = root_table(&tag, &Subnet::default(), None, &none);
         assert!(!without.contains("masquerade"));
         assert_eq!(
-            root_table(&tag, &Subnet::default(), Some("e\"th0;x")),
-            root_table(&tag, &Subnet::default(), Some("eth0x"))
+            root_table(&tag, &Subnet::default(), Some("e\"th0;x"), &none),
+            root_table(&tag, &Subnet::default(), Some("eth0x"), &none)
         );
         assert_eq!(
             delete_root_table(&tag),
             "table ip siesta-ab\ndelete table ip siesta-ab\n"
         );
+    }
+
+    #[test]
+    fn root_table_keeps_every_slot_of_every_instance_inside() {
+        let tag = Tag::new("ab").unwrap();
+        let t = root_table(&tag, &Subnet::default(), Some("eth0"), &Boundary::default());
+        let forward = t.split("chain forward").nth(1).unwrap();
+        let forward = forward.split("chain input").next().unwrap();
+        let rules: Vec<&str> = forward.lines().map(str::trim).collect();
+        let at = |r: &str| {
+            rules
+                .iter()
+                .position(|l| *l == r)
+                .unwrap_or_else(|| panic!("{r}\n{t}"))
+        };
+        let cross = at("iifname \"svh*\" oifname \"svh*\" drop");
+        let dnat = at("iifname \"svh*\" ct status dnat drop");
+        let blocked = at(
+            "iifname \"svh*\" ip daddr { 0.0.0.0/8, 10.0.0.0/8, 100.64.0.0/10, 127.0.0.0/8, \
+             169.254.0.0/16, 172.16.0.0/12, 192.0.0.0/24, 192.168.0.0/16, 224.0.0.0/3 } drop",
+        );
+        assert!(cross < dnat && dnat < blocked);
+        assert!(
+            !forward.contains("accept\n"),
+            "no allowlist given: {forward}"
+        );
+        assert!(t.contains("iifname \"svh*\" ct state new drop\n"));
+
+        let open = Boundary::new(vec!["10.1.2.0/24".parse().unwrap()]).unwrap();
+        let t = root_table(&tag, &Subnet::default(), None, &open);
+        let accept = t
+            .find("iifname \"svh*\" ip daddr { 10.1.2.0/24 } accept")
+            .unwrap();
+        // Opened networks come after the slot-to-slot and DNAT drops, before the ranges.
+        assert!(t.find("oifname \"svh*\" drop").unwrap() < accept);
+        assert!(t.find("ct status dnat drop").unwrap() < accept);
+        assert!(accept < t.find("169.254.0.0/16").unwrap());
+        assert_eq!(t.matches('{').count(), t.matches('}').count());
+    }
+
+    #[test]
+    fn slot_table_drops_frames_the_guest_did_not_send_as_itself() {
+        let t = slot_table(&layout(), &EgressPolicy::default());
+        assert!(t.contains(
+            "  chain spoofing {\n    type filter hook prerouting priority raw; policy accept;\n    \
+             iifname \"tap0\" ether saddr != 02:fc:00:00:00:15 drop\n    \
+             iifname \"tap0\" ip saddr != 169.254.0.21 drop\n  }\n"
+        ));
     }
 }

@@ -110,6 +110,11 @@ impl Cidr {
         })
     }
 
+    /// The network's first address.
+    pub fn addr(&self) -> Ipv4Addr {
+        self.addr
+    }
+
     /// Whether `addr` is inside this network.
     pub fn contains(&self, addr: Ipv4Addr) -> bool {
         let mask = u32::MAX

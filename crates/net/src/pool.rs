@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use tokio::sync::{Mutex, RwLock};
 
+use crate::boundary::Boundary;
 use crate::egress::Resolver;
 use crate::error::{NetError, Result};
 use crate::host;
@@ -28,6 +29,9 @@ pub struct NetConfig {
     /// The name server the egress proxy resolves allowed domains with
     /// (`None`: the host's resolver).
     pub egress_dns: Option<std::net::SocketAddr>,
+    /// What guests never reach, less the private networks the operator
+    /// opened (the root table and the egress proxy enforce it).
+    pub boundary: Boundary,
 }
 
 impl Default for NetConfig {
@@ -39,6 +43,7 @@ impl Default for NetConfig {
             warm: 4,
             guest_link: GuestLink::Tap,
             egress_dns: None,
+            boundary: Boundary::default(),
         }
     }
 }
@@ -78,6 +83,7 @@ struct Shared {
     warm_target: usize,
     guest_link: GuestLink,
     resolver: Arc<Resolver>,
+    boundary: Arc<Boundary>,
     state: Mutex<State>,
     /// Held shared by every slot creation, exclusively by shutdown, so that
     /// shutdown never races a half-built slot.
@@ -108,6 +114,7 @@ impl SlotPool {
                 warm_target: config.warm,
                 guest_link: config.guest_link,
                 resolver: Arc::new(Resolver::new(config.egress_dns)),
+                boundary: Arc::new(config.boundary),
                 state: Mutex::new(State {
                     phase: Phase::New,
                     warm: Vec::new(),
@@ -142,7 +149,7 @@ impl SlotPool {
         }
         host::cleanup_leftovers(&sh.tag).await?;
         host::check_subnet_free(&sh.tag, &sh.subnet).await?;
-        let egress = host::setup_root(&sh.tag, &sh.subnet).await?;
+        let egress = host::setup_root(&sh.tag, &sh.subnet, &sh.boundary).await?;
         tracing::info!(tag = %sh.tag, subnet = %sh.subnet, ?egress, "network pool starting");
         for _ in 0..sh.warm_target {
             let slot = self.create_reserved().await?;
@@ -271,7 +278,14 @@ impl SlotPool {
             }
         };
         let index = layout.index;
-        match Slot::create(layout, sh.guest_link, sh.resolver.clone()).await {
+        match Slot::create(
+            layout,
+            sh.guest_link,
+            sh.resolver.clone(),
+            sh.boundary.clone(),
+        )
+        .await
+        {
             Ok(slot) => {
                 sh.state.lock().await.stats.created += 1;
                 Ok(slot)

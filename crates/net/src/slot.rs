@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use tokio::sync::Mutex;
 
+use crate::boundary::Boundary;
 use crate::cmd;
 use crate::egress::{EgressProxy, Resolver};
 use crate::error::Result;
@@ -54,10 +55,16 @@ pub struct Slot {
     /// The egress proxy, running while the policy has domain rules.
     proxy: Mutex<Option<EgressProxy>>,
     resolver: Arc<Resolver>,
+    boundary: Arc<Boundary>,
 }
 
 impl Slot {
-    fn new(layout: SlotLayout, guest_link: GuestLink, resolver: Arc<Resolver>) -> Self {
+    fn new(
+        layout: SlotLayout,
+        guest_link: GuestLink,
+        resolver: Arc<Resolver>,
+        boundary: Arc<Boundary>,
+    ) -> Self {
         Self {
             index: layout.index,
             netns_name: layout.netns_name.clone(),
@@ -72,6 +79,7 @@ impl Slot {
             policy: Mutex::new(Some(EgressPolicy::default())),
             proxy: Mutex::new(None),
             resolver,
+            boundary,
         }
     }
 
@@ -139,6 +147,7 @@ impl Slot {
                         self.layout.scope(),
                         self.netns_path(),
                         self.resolver.clone(),
+                        self.boundary.clone(),
                         policy.clone(),
                     )
                     .await?,
@@ -179,9 +188,10 @@ impl Slot {
         layout: SlotLayout,
         guest_link: GuestLink,
         resolver: Arc<Resolver>,
+        boundary: Arc<Boundary>,
     ) -> Result<Self> {
         match build(&layout, guest_link).await {
-            Ok(()) => Ok(Self::new(layout, guest_link, resolver)),
+            Ok(()) => Ok(Self::new(layout, guest_link, resolver, boundary)),
             Err(e) => {
                 if let Err(cleanup) = destroy(&layout).await {
                     tracing::warn!(error = %cleanup, "cleanup after failed slot creation");
@@ -323,6 +333,7 @@ async fn build(l: &SlotLayout, guest_link: GuestLink) -> Result<()> {
         std::fs::write("/proc/sys/net/ipv4/ip_forward", "1")
     })
     .await?;
+    netns::in_netns(&scope, l.netns_path(), "disable IPv6", netns::disable_ipv6).await?;
 
     cmd::nft(
         &scope,

@@ -119,6 +119,10 @@ pub struct NodeConfig {
     /// the domains of `allowOut` rules with (`SIESTA_EGRESS_DNS`; unset:
     /// the host's resolver).
     pub egress_dns: Option<std::net::SocketAddr>,
+    /// What guests never reach (the node's network, metadata, the host,
+    /// every slot), less the private networks the operator opened in
+    /// `[node] guest_private_allow` (docs/security.md).
+    pub guest_boundary: siesta_net::Boundary,
 }
 
 impl NodeConfig {
@@ -166,6 +170,7 @@ impl NodeConfig {
             lazy_fetch: true,
             sandbox_root: None,
             egress_dns: None,
+            guest_boundary: siesta_net::Boundary::default(),
         }
     }
 

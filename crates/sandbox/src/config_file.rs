@@ -72,6 +72,8 @@ pub struct NodeSection {
     pub fetch_cache_mib: Option<u64>,
     pub lazy_fetch: Option<bool>,
     pub egress_dns: Option<String>,
+    /// Private networks guests may reach (CIDRs; file only, no variable).
+    pub guest_private_allow: Option<Vec<String>>,
 }
 
 /// `[server]`: what `siesta serve` takes (its flags override these).
@@ -162,6 +164,9 @@ impl ConfigFile {
             config.egress_dns =
                 Some(crate::config::parse_dns(dns).map_err(|e| format!("node.egress_dns: {e}"))?);
         }
+        if let Some(nets) = &n.guest_private_allow {
+            config.guest_boundary = guest_boundary(nets)?;
+        }
         if let Some(secs) = n.resume_ready_timeout_secs {
             config.resume_ready_timeout = Duration::from_secs(secs);
         }
@@ -179,6 +184,19 @@ fn set<T: Clone>(field: &mut T, value: &Option<T>) {
     if let Some(v) = value {
         *field = v.clone();
     }
+}
+
+/// `[node] guest_private_allow`: the private networks the operator opens
+/// to guests (see `siesta_net::boundary`).
+fn guest_boundary(nets: &[String]) -> Result<siesta_net::Boundary, String> {
+    let cidrs = nets
+        .iter()
+        .map(|n| {
+            n.parse()
+                .map_err(|e| format!("node.guest_private_allow: {e}"))
+        })
+        .collect::<Result<Vec<siesta_net::Cidr>, String>>()?;
+    siesta_net::Boundary::new(cidrs).map_err(|e| format!("node.guest_private_allow: {e}"))
 }
 
 #[cfg(test)]
@@ -223,6 +241,28 @@ mod tests {
             .apply(&mut NodeConfig::new("/h"))
             .unwrap_err()
             .contains("node.net_tag"));
+    }
+
+    #[test]
+    fn an_operator_opens_private_networks_to_guests_but_not_the_metadata_service() {
+        let file = ConfigFile::parse("[node]\nguest_private_allow = [\"10.1.2.0/24\"]\n").unwrap();
+        let mut config = NodeConfig::new("/h");
+        assert!(!config.guest_boundary.allows("10.1.2.3".parse().unwrap()));
+        file.apply(&mut config).unwrap();
+        assert!(config.guest_boundary.allows("10.1.2.3".parse().unwrap()));
+        assert!(!config.guest_boundary.allows("10.1.3.3".parse().unwrap()));
+        for (bad, why) in [
+            ("[\"169.254.169.254\"]", "no guest may reach"),
+            ("[\"10.1.2\"]", "not an IPv4 address"),
+        ] {
+            let file =
+                ConfigFile::parse(&format!("[node]\nguest_private_allow = {bad}\n")).unwrap();
+            let err = file.apply(&mut NodeConfig::new("/h")).unwrap_err();
+            assert!(
+                err.contains("node.guest_private_allow") && err.contains(why),
+                "{err}"
+            );
+        }
     }
 
     #[test]

@@ -69,6 +69,7 @@ impl Node {
             capacity: config.max_slots,
             warm: config.warm_slots,
             egress_dns: config.egress_dns,
+            boundary: config.guest_boundary.clone(),
             ..NetConfig::default()
         })
         .map_err(|source| Error::Net {

@@ -14,6 +14,7 @@ use tokio::sync::watch;
 
 use super::resolve::Resolver;
 use super::sniff::{sniff, Sniff, MAX_HEAD};
+use crate::boundary::Boundary;
 use crate::policy::EgressPolicy;
 
 /// How long a guest may take to send the bytes that name its destination.
@@ -27,6 +28,7 @@ pub(super) struct Context {
     pub scope: String,
     pub netns: PathBuf,
     pub resolver: Arc<Resolver>,
+    pub boundary: Arc<Boundary>,
     pub policy: watch::Receiver<Arc<EgressPolicy>>,
 }
 
@@ -140,7 +142,7 @@ async fn connect_named(
         format!("{host} has no IPv4 address"),
     );
     for addr in addrs {
-        if !reachable_by_name(policy, addr) {
+        if !reachable_by_name(&ctx.boundary, policy, addr) {
             last = io::Error::new(
                 io::ErrorKind::PermissionDenied,
                 format!("{host} resolves to {addr}, which the egress rules deny"),
@@ -155,15 +157,12 @@ async fn connect_named(
     Err(last)
 }
 
-/// Names never lead to this host's or the slot's own addresses, whatever
-/// the rules say (the kernel refuses most of them too: see `nft.rs`).
-fn reachable_by_name(policy: &EgressPolicy, addr: Ipv4Addr) -> bool {
-    !(addr.is_loopback()
-        || addr.is_link_local()
-        || addr.is_unspecified()
-        || addr.is_multicast()
-        || addr.is_broadcast())
-        && policy.allows_named_address(addr)
+/// Names never lead where the guest's own packets may not go: the node's
+/// surroundings ([`Boundary`]: the host, metadata, private networks the
+/// operator did not open, the slots), whatever the rules say; the root
+/// table would drop the connection anyway, this says why.
+fn reachable_by_name(boundary: &Boundary, policy: &EgressPolicy, addr: Ipv4Addr) -> bool {
+    boundary.allows(addr) && policy.allows_named_address(addr)
 }
 
 /// Connects from a socket made inside the slot's namespace, so the
@@ -260,18 +259,25 @@ mod tests {
     }
 
     #[test]
-    fn names_never_lead_to_local_or_denied_addresses() {
+    fn names_never_lead_to_local_private_or_denied_addresses() {
         let p = policy();
+        let node = Boundary::default();
         for bad in [
             "127.0.0.1",
             "169.254.0.22",
+            "169.254.169.254",
             "0.0.0.0",
             "198.18.0.3",
             "224.0.0.1",
+            "10.0.0.5",
+            "192.168.1.1",
+            "100.64.0.1",
         ] {
-            assert!(!reachable_by_name(&p, bad.parse().unwrap()), "{bad}");
+            assert!(!reachable_by_name(&node, &p, bad.parse().unwrap()), "{bad}");
         }
-        assert!(reachable_by_name(&p, "192.0.2.7".parse().unwrap()));
+        assert!(reachable_by_name(&node, &p, "192.0.2.7".parse().unwrap()));
+        let opened = Boundary::new(vec!["10.0.0.0/24".parse().unwrap()]).unwrap();
+        assert!(reachable_by_name(&opened, &p, "10.0.0.5".parse().unwrap()));
     }
 
     #[test]

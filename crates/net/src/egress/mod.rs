@@ -37,6 +37,7 @@ use tokio::task::{AbortHandle, JoinSet};
 pub use domain::DomainPattern;
 pub use resolve::Resolver;
 
+use crate::boundary::Boundary;
 use crate::error::Result;
 use crate::layout::{EGRESS_PROXY_PORT, GATEWAY_ADDR};
 use crate::policy::EgressPolicy;
@@ -54,6 +55,7 @@ impl EgressProxy {
         scope: String,
         netns: PathBuf,
         resolver: Arc<Resolver>,
+        boundary: Arc<Boundary>,
         policy: EgressPolicy,
     ) -> Result<Self> {
         let listener =
@@ -70,6 +72,7 @@ impl EgressProxy {
             scope,
             netns,
             resolver,
+            boundary,
             policy: rx,
         });
         let task = tokio::spawn(serve(listener, ctx)).abort_handle();
