@@ -9,6 +9,7 @@ mod build_context;
 mod client;
 mod doctor;
 mod files;
+mod private_home;
 mod repo;
 mod serve;
 mod serve_cluster;
@@ -113,6 +114,19 @@ fn main() -> std::process::ExitCode {
         _ => "info",
     };
     init_logs(default_level);
+    // What these write under $SIESTA_HOME (tokens, guest memory, images) is
+    // for root alone. The sandbox and files commands leave it be: what
+    // they write are the user's own downloads.
+    if matches!(
+        cli.command,
+        Command::Serve(_)
+            | Command::Template(_)
+            | Command::Snapshot(_)
+            | Command::Repo(_)
+            | Command::Bench(_)
+    ) {
+        private_home::restrict_umask();
+    }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {

@@ -63,6 +63,9 @@ impl ServeArgs {
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let config = NodeConfig::from_env().map_err(anyhow::Error::msg)?;
+    // Before anything is written there (main set the umask already).
+    crate::private_home::close_home(&config.home)
+        .context("keeping SIESTA_HOME to its owner (chmod 0700)")?;
     let file = ConfigFile::load(&config.home).map_err(anyhow::Error::msg)?;
     let (args, cluster_args) = {
         let mut args = args;

@@ -5,6 +5,7 @@
 //! The host is the real one with one program hidden: PATH is a temporary
 //! directory of symlinks to everything on the real PATH but `qemu-img`.
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -52,6 +53,8 @@ fn text(out: &Output) -> String {
 fn doctor_and_serve_refuse_a_host_without_qemu_img() {
     let path = path_without("qemu-img");
     let home = tempfile::tempdir().expect("temp home");
+    // Open to every local user, as a home made under umask 022 is.
+    std::fs::set_permissions(home.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
 
     let doctor = run(path.path(), home.path(), &["doctor"]);
     let said = text(&doctor);
@@ -78,6 +81,13 @@ fn doctor_and_serve_refuse_a_host_without_qemu_img() {
         .expect("a qemu-img check");
     assert_eq!(check["status"], "fail");
     assert!(check["fix"].as_str().unwrap_or("").contains("qemu-utils"));
+    let access = report["checks"]
+        .as_array()
+        .expect("checks")
+        .iter()
+        .find(|c| c["name"] == "home-access")
+        .expect("a home-access check");
+    assert_eq!(access["status"], "warn", "{access}");
 
     let port = free_port();
     let listen = format!("127.0.0.1:{port}");
@@ -95,6 +105,17 @@ fn doctor_and_serve_refuse_a_host_without_qemu_img() {
     // It refused before creating anything: no key, no database.
     assert!(!home.path().join("secrets").exists());
     assert!(!home.path().join("siesta.db").exists());
+    // But it closed the home to other users first.
+    let mode = std::fs::metadata(home.path())
+        .expect("home")
+        .permissions()
+        .mode();
+    assert_eq!(
+        mode & 0o777,
+        0o700,
+        "serve left the home {:o}",
+        mode & 0o777
+    );
 }
 
 #[test]
@@ -123,6 +144,7 @@ fn doctor_json_lists_every_check() {
         "template",
         "disk",
         "database",
+        "home-access",
     ] {
         assert!(names.contains(&want), "no {want} check in {names:?}");
     }
