@@ -1,6 +1,8 @@
 //! `siesta serve`.
 
+use std::io::IsTerminal;
 use std::net::SocketAddr;
+use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::Context;
@@ -107,11 +109,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     if let Err(e) = manager.warm(&args.warm_template) {
         tracing::warn!("not pre-spawning VMMs for {:?}: {e}", args.warm_template);
     }
-    println!("siesta: listening on http://{}", args.listen);
-    println!("  export E2B_API_URL=http://{}", args.listen);
-    println!("  export E2B_SANDBOX_URL=http://{}", args.listen);
-    println!("  export E2B_VOLUME_API_URL=http://{}", args.listen);
-    println!("  export E2B_API_KEY={}", api_keys.current());
+    let shown = shown_key(&api_keys, std::io::stdout().is_terminal());
+    print!("{}", exports(args.listen, &home, shown));
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let options = siesta_server::ServerOptions {
         sandbox_domain: Some(
@@ -170,6 +169,41 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The key to show on start: none, unless this start minted it and a
+/// person reads stdout. Under systemd or Kubernetes stdout is the journal
+/// or the pod log, which others read and ship elsewhere.
+fn shown_key(keys: &siesta_server::ApiKeys, terminal: bool) -> Option<&str> {
+    (keys.minted() && terminal).then(|| keys.current())
+}
+
+/// What `serve` prints on start: the variables clients need, the key as
+/// a command that reads its file.
+fn exports(listen: SocketAddr, home: &Path, shown_key: Option<&str>) -> String {
+    let key_file = siesta_server::key_file(home);
+    let mut out = format!(
+        "siesta: listening on http://{listen}\n\
+         \x20 export E2B_API_URL=http://{listen}\n\
+         \x20 export E2B_SANDBOX_URL=http://{listen}\n\
+         \x20 export E2B_VOLUME_API_URL=http://{listen}\n\
+         \x20 export E2B_API_KEY=$(cat {})\n",
+        shell_word(&key_file.display().to_string())
+    );
+    if let Some(key) = shown_key {
+        out.push_str(&format!("  (a new API key, shown this once: {key})\n"));
+    }
+    out
+}
+
+/// `word` as one word for a POSIX shell.
+fn shell_word(word: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "/._-+:@%,".contains(c);
+    if !word.is_empty() && word.chars().all(plain) {
+        word.to_string()
+    } else {
+        format!("'{}'", word.replace('\'', "'\\''"))
+    }
+}
+
 /// Runs `siesta doctor`'s checks; prints what failed and returns false when
 /// the server could not do its job (rather than answer 500 on every create).
 fn preflight_passes(config: &NodeConfig, template: &str) -> bool {
@@ -223,5 +257,40 @@ async fn stop_signal() {
             tracing::warn!("cannot watch SIGTERM ({e}); stopping on Ctrl-C only");
             let _ = tokio::signal::ctrl_c().await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Under systemd or Kubernetes stdout is a log others read: the key
+    /// must not be in it, only where to read it.
+    #[test]
+    fn the_key_is_printed_only_when_minted_and_to_a_terminal() {
+        let home = tempfile::tempdir().unwrap();
+        let minted = siesta_server::load_or_create_api_keys(home.path()).unwrap();
+        let loaded = siesta_server::load_or_create_api_keys(home.path()).unwrap();
+        let key = loaded.current().to_string();
+        assert!(minted.minted() && !loaded.minted());
+        let listen: SocketAddr = "127.0.0.1:3000".parse().unwrap();
+        for (keys, terminal) in [(&loaded, true), (&loaded, false), (&minted, false)] {
+            let out = exports(listen, home.path(), shown_key(keys, terminal));
+            assert!(!out.contains(&key), "{out}");
+            let file = siesta_server::key_file(home.path());
+            let line = format!("export E2B_API_KEY=$(cat {})", file.display());
+            assert!(out.contains(&line), "{out}");
+        }
+        let out = exports(listen, home.path(), shown_key(&minted, true));
+        assert!(out.contains(&key), "{out}");
+    }
+
+    #[test]
+    fn paths_are_quoted_for_the_shell_when_they_need_it() {
+        assert_eq!(
+            shell_word("/var/lib/siesta/secrets/api-key"),
+            "/var/lib/siesta/secrets/api-key"
+        );
+        assert_eq!(shell_word("/a b/it's"), "'/a b/it'\\''s'");
     }
 }

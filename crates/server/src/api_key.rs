@@ -20,6 +20,8 @@ const PREVIOUS_FILE: &str = "api-key.previous";
 pub struct ApiKeys {
     current: String,
     accepted: Arc<Vec<String>>,
+    /// `current` was made by this load: nobody has seen it yet.
+    minted: bool,
 }
 
 impl ApiKeys {
@@ -29,12 +31,19 @@ impl ApiKeys {
         Self {
             accepted: Arc::new(vec![key.clone()]),
             current: key,
+            minted: false,
         }
     }
 
-    /// The key `make up` prints and clients should use.
+    /// The key clients should use (in [`key_file`]).
     pub fn current(&self) -> &str {
         &self.current
+    }
+
+    /// True when the current key was minted by the load that made this:
+    /// the only time `siesta serve` shows it (and only on a terminal).
+    pub fn minted(&self) -> bool {
+        self.minted
     }
 
     /// Whether `given` is one of the node's keys (in constant time for
@@ -56,6 +65,11 @@ pub fn is_e2b_shaped(key: &str) -> bool {
     })
 }
 
+/// Where the current key of the node at `home` is kept.
+pub fn key_file(home: &Path) -> PathBuf {
+    home.join("secrets").join(KEY_FILE)
+}
+
 /// Reads the node's keys under `home`, minting one when there is none and
 /// replacing a key of the old `siesta_` shape (which stays accepted).
 pub fn load_or_create_api_keys(home: &Path) -> std::io::Result<ApiKeys> {
@@ -63,6 +77,7 @@ pub fn load_or_create_api_keys(home: &Path) -> std::io::Result<ApiKeys> {
     let path = dir.join(KEY_FILE);
     let previous_path = dir.join(PREVIOUS_FILE);
     let mut previous = read_keys(&previous_path)?;
+    let mut minted = false;
     let current = match read_keys(&path)?.into_iter().next() {
         Some(key) if is_e2b_shaped(&key) => key,
         old => {
@@ -77,6 +92,7 @@ pub fn load_or_create_api_keys(home: &Path) -> std::io::Result<ApiKeys> {
             }
             let key = mint();
             write_secret(&path, &key)?;
+            minted = true;
             key
         }
     };
@@ -85,6 +101,7 @@ pub fn load_or_create_api_keys(home: &Path) -> std::io::Result<ApiKeys> {
     Ok(ApiKeys {
         current,
         accepted: Arc::new(accepted),
+        minted,
     })
 }
 
@@ -148,12 +165,14 @@ mod tests {
     #[test]
     fn key_is_created_once_with_mode_0600_in_the_e2b_shape() {
         let home = tempfile::tempdir().unwrap();
-        let k1 = load_or_create_api_keys(home.path()).unwrap().current;
-        let k2 = load_or_create_api_keys(home.path()).unwrap().current;
+        let first = load_or_create_api_keys(home.path()).unwrap();
+        let again = load_or_create_api_keys(home.path()).unwrap();
+        assert!(first.minted() && !again.minted());
+        let (k1, k2) = (first.current, again.current);
         assert_eq!(k1, k2);
         assert!(is_e2b_shaped(&k1), "{k1}");
         assert_eq!(k1.len(), 4 + 40);
-        let mode = std::fs::metadata(home.path().join("secrets/api-key"))
+        let mode = std::fs::metadata(key_file(home.path()))
             .unwrap()
             .permissions()
             .mode();

@@ -16,7 +16,7 @@ mod routes;
 mod sandbox_metrics;
 mod unread_body;
 
-pub use api_key::{is_e2b_shaped, load_or_create_api_keys, ApiKeys};
+pub use api_key::{is_e2b_shaped, key_file, load_or_create_api_keys, ApiKeys};
 pub use metrics::Metrics;
 pub use routes::openapi::yaml as openapi_yaml;
 pub use routes::{router, AppState};
