@@ -15,6 +15,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 mod accel;
+pub mod cgroup;
 mod error;
 mod info;
 pub mod memory_return;
@@ -22,6 +23,7 @@ pub mod qemu;
 mod spec;
 
 pub use accel::{Accel, AccelChoice};
+pub use cgroup::{CgroupLimits, Cgroups, VmCgroup};
 pub use error::VmmError;
 pub use info::VmmInfo;
 pub use spec::{DiskFormat, DiskSpec, LaunchMode, LaunchSpec, MemoryBacking, NetSpec};

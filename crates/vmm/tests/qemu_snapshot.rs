@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 
 use siesta_vmm::qemu::QemuVmm;
 use siesta_vmm::{
-    AccelChoice, LaunchMode, LaunchSpec, MemoryBacking, MemorySave, StateWrite, VmInstance, Vmm,
-    VmmError,
+    AccelChoice, Cgroups, LaunchMode, LaunchSpec, MemoryBacking, MemorySave, StateWrite,
+    VmInstance, Vmm, VmmError,
 };
 
 const MEMORY_MIB: u64 = 256;
@@ -202,6 +202,8 @@ struct Env {
     initrd: PathBuf,
     dir: PathBuf,
     mem: PathBuf,
+    /// Whether VMMs run in cgroups of their own (root, with a hierarchy).
+    cgroups: bool,
 }
 
 impl Env {
@@ -334,9 +336,21 @@ async fn snapshot_restore_chain_on_a_real_guest() {
         initrd,
         dir: tmp.path().to_path_buf(),
         mem: tmp.path().join("mem.img"),
+        cgroups: false,
     };
-    let vmm = QemuVmm::new(qemu, AccelChoice::Auto).expect("QEMU backend");
+    let mut vmm = QemuVmm::new(qemu, AccelChoice::Auto).expect("QEMU backend");
     println!("VMM: {:?}", vmm.info());
+    // Every VM below runs confined as in production: seccomp, an empty
+    // environment and, as root, a cgroup of its own.
+    let cgroups = Cgroups::detect(&format!("siesta-vmmtest-{}", std::process::id()))
+        .expect("cgroup hierarchy");
+    if let Some(c) = &cgroups {
+        vmm = vmm.with_cgroups(c.clone());
+    }
+    let env = Env {
+        cgroups: cgroups.is_some(),
+        ..env
+    };
 
     let mut vms = Vms::default();
     tokio::time::timeout(Duration::from_secs(600), scenario(&vmm, &env, &mut vms))
@@ -351,6 +365,51 @@ async fn snapshot_restore_chain_on_a_real_guest() {
     }
     // The VMs go before their directory (declared after `tmp`, dropped first).
     drop(vms);
+    if let Some(c) = cgroups {
+        c.remove_parent();
+    }
+}
+
+/// QEMU `pid` runs under its seccomp filter, with nothing of the server's
+/// environment, and (when the host has cgroups) in a group of its own whose
+/// memory is limited; returns that group's name.
+fn assert_confined(pid: u32, cgroups_expected: bool) -> Option<String> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    assert!(
+        status
+            .lines()
+            .any(|l| l.split_whitespace().eq(["Seccomp:", "2"])),
+        "QEMU runs without its seccomp filter:\n{status}"
+    );
+    let environ = fs::read(format!("/proc/{pid}/environ")).unwrap();
+    assert_eq!(
+        environ, b"PATH=/usr/sbin:/usr/bin:/sbin:/bin\0",
+        "QEMU got more than PATH in its environment"
+    );
+    let groups = fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+    let group = groups
+        .lines()
+        .map(|l| l.rsplit(':').next().unwrap_or_default())
+        .find(|g| g.contains("siesta-vmmtest-"))
+        .map(str::to_string);
+    assert_eq!(
+        group.is_some(),
+        cgroups_expected,
+        "QEMU's cgroups: {groups}"
+    );
+    let g = group?;
+    let v2 = Path::new("/sys/fs/cgroup/cgroup.controllers").exists()
+        && fs::read_to_string("/sys/fs/cgroup/cgroup.controllers")
+            .unwrap_or_default()
+            .contains("memory");
+    let limit = if v2 {
+        format!("/sys/fs/cgroup{g}/memory.max")
+    } else {
+        format!("/sys/fs/cgroup/memory{g}/memory.limit_in_bytes")
+    };
+    let limit: u64 = fs::read_to_string(&limit).unwrap().trim().parse().unwrap();
+    assert_eq!(limit, (MEMORY_MIB * 2 + 1024) << 20, "{g}");
+    Some(g)
 }
 
 async fn scenario(vmm: &QemuVmm, env: &Env, vms: &mut Vms) {
@@ -360,6 +419,7 @@ async fn scenario(vmm: &QemuVmm, env: &Env, vms: &mut Vms) {
     let t0 = Instant::now();
     let t = vms.add(vmm.spawn(&spec).await.expect("spawn template"));
     let spawned = t0.elapsed();
+    let group = assert_confined(vms[t].pid(), env.cgroups);
     vms[t].boot().await.expect("boot");
     wait_tick(&log, 3, Duration::from_secs(180)).await;
     println!(
@@ -385,6 +445,12 @@ async fn scenario(vmm: &QemuVmm, env: &Env, vms: &mut Vms) {
     vms[t].shutdown().await.expect("shutdown template");
     vms[t].shutdown().await.expect("shutdown is idempotent");
     assert!(vms[t].try_exit_status().is_some());
+    if let Some(g) = group {
+        let gone = ["/sys/fs/cgroup", "/sys/fs/cgroup/memory"]
+            .iter()
+            .all(|root| !Path::new(&format!("{root}{g}")).exists());
+        assert!(gone, "the template VM's cgroup {g} outlived it");
+    }
     let mem_before = mem_fingerprint(&env.mem);
 
     // 2. Restore over a private mapping of the template's memory file.

@@ -14,6 +14,8 @@ use crate::{Accel, LaunchMode, LaunchSpec};
 /// The memory backend's id, which is also its RAM block's name in a
 /// migration stream.
 pub const MEMORY_BACKEND_ID: &str = "mem";
+/// QEMU's seccomp filter, everything it can deny denied.
+pub const SANDBOX: &str = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny";
 /// Fixed PCI slots on q35's root bus.
 const DISK_ADDR: &str = "0x3";
 const NET_ADDR: &str = "0x4";
@@ -46,6 +48,11 @@ pub fn build_argv(spec: &LaunchSpec, accel: Accel, machine: &str) -> Vec<OsStrin
     }
     a.pair("-vga", "none");
     a.pair("-display", "none");
+    // seccomp: QEMU may not exec, fork, raise its privileges, change its
+    // scheduling or use obsolete system calls, so a guest that breaks
+    // into it is still held by the filter (under TCG, where QEMU is the
+    // only boundary, most of all).
+    a.pair("-sandbox", SANDBOX);
 
     let mut mem = opt(
         &format!(
@@ -184,6 +191,7 @@ mod tests {
         let argv = strs(&build_argv(&spec(), Accel::Tcg, "pc-q35-7.2"));
         assert_eq!(value_of(&argv, "-accel"), ["tcg"]);
         assert_eq!(value_of(&argv, "-machine"), ["pc-q35-7.2"]);
+        assert_eq!(value_of(&argv, "-sandbox"), [SANDBOX]);
         assert_eq!(value_of(&argv, "-cpu"), ["max"]);
         assert_eq!(value_of(&argv, "-m"), ["512M"]);
         assert_eq!(value_of(&argv, "-smp"), ["2"]);

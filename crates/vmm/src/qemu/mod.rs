@@ -27,8 +27,8 @@ use async_trait::async_trait;
 use serde_json::json;
 
 use crate::{
-    Accel, AccelChoice, DiskSpec, LaunchMode, LaunchSpec, MemorySave, RestoreInfo, SaveInfo,
-    StateWrite, VmInstance, Vmm, VmmError, VmmInfo,
+    Accel, AccelChoice, CgroupLimits, Cgroups, DiskSpec, LaunchMode, LaunchSpec, MemorySave,
+    RestoreInfo, SaveInfo, StateWrite, VmInstance, Vmm, VmmError, VmmInfo,
 };
 use process::QemuProcess;
 use qmp::{QmpClient, QmpError};
@@ -61,6 +61,9 @@ pub struct QemuVmm {
     /// Where incoming launches get their stand-in kernels; `None` loads
     /// the whole kernel and initrd (see [`kernel_stub`]).
     kernel_stubs: Option<kernel_stub::KernelStubs>,
+    /// Where each VMM gets a cgroup of its own with limits; `None`: the
+    /// host offers no cgroup hierarchy this process may use.
+    cgroups: Option<Cgroups>,
 }
 
 impl QemuVmm {
@@ -95,11 +98,19 @@ impl QemuVmm {
                 accel,
             },
             kernel_stubs: None,
+            cgroups: None,
         })
     }
 
     /// Incoming launches load a stand-in of the guest kernel, kept in
     /// `dir`, and no initrd (see [`kernel_stub`]).
+    /// Runs every VMM in a cgroup of its own under `cgroups`, limited by
+    /// [`CgroupLimits::for_vm`] of its size.
+    pub fn with_cgroups(mut self, cgroups: Cgroups) -> Self {
+        self.cgroups = Some(cgroups);
+        self
+    }
+
     pub fn with_incoming_kernel_stubs(mut self, dir: PathBuf) -> Self {
         self.kernel_stubs = Some(kernel_stub::KernelStubs::new(dir));
         self
@@ -216,8 +227,20 @@ impl Vmm for QemuVmm {
         );
         tracing::debug!(vm = %spec.id, ?argv, "spawning QEMU");
         let netns = spec.net.as_ref().and_then(|n| n.netns.as_deref());
-        let mut process =
-            QemuProcess::spawn(&spec.id, &self.binary, &argv, netns, &spec.vmm_log_path())?;
+        let cgroup = match &self.cgroups {
+            Some(c) => {
+                Some(c.create(&spec.id, &CgroupLimits::for_vm(spec.memory_mib, spec.vcpus))?)
+            }
+            None => None,
+        };
+        let mut process = QemuProcess::spawn(
+            &spec.id,
+            &self.binary,
+            &argv,
+            netns,
+            &spec.vmm_log_path(),
+            cgroup,
+        )?;
         let stream = process.connect(&sock, QMP_READY_TIMEOUT).await?;
         let qmp = match QmpClient::handshake(stream, QMP_COMMAND_TIMEOUT).await {
             Ok(q) => q,

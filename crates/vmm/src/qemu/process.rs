@@ -15,16 +15,23 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use tokio::net::UnixStream;
 
+use crate::cgroup::VmCgroup;
 use crate::VmmError;
 
 /// How much of QEMU's log an error quotes.
 const LOG_TAIL_BYTES: u64 = 4096;
+
+/// The only environment a VMM gets: QEMU needs none of the server's, and
+/// the server's may hold credentials (S3 keys, registry passwords).
+const VMM_ENV: [(&str, &str); 1] = [("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")];
 
 pub struct QemuProcess {
     id: String,
     child: Child,
     log: PathBuf,
     exit: Option<ExitStatus>,
+    /// The process's own cgroup, removed once it has exited.
+    cgroup: Option<VmCgroup>,
 }
 
 impl QemuProcess {
@@ -33,13 +40,16 @@ impl QemuProcess {
     /// With `netns`, the child joins that network namespace before exec, so
     /// QEMU opens the tap device that lives there; the parent's namespace is
     /// untouched. The child gets its own process group so a terminal's
-    /// Ctrl-C aimed at the server does not kill VMs behind its back.
+    /// Ctrl-C aimed at the server does not kill VMs behind its back, only
+    /// [`VMM_ENV`] as its environment, and with `cgroup` joins that group
+    /// before exec.
     pub fn spawn(
         id: &str,
         binary: &Path,
         argv: &[OsString],
         netns: Option<&Path>,
         log: &Path,
+        cgroup: Option<VmCgroup>,
     ) -> Result<Self, VmmError> {
         let io_err = |op, path: &Path, source| VmmError::Io {
             id: id.to_string(),
@@ -57,6 +67,8 @@ impl QemuProcess {
         };
         let mut cmd = Command::new(binary);
         cmd.args(argv)
+            .env_clear()
+            .envs(VMM_ENV)
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)
@@ -75,6 +87,14 @@ impl QemuProcess {
                 });
             }
         }
+        if let Some(group) = &cgroup {
+            let fds = group.procs_fds();
+            // SAFETY: runs in the forked child before exec and only calls
+            // write(2) on descriptors `group` keeps open until spawn returns.
+            unsafe {
+                cmd.pre_exec(move || crate::cgroup::join_in_child(&fds));
+            }
+        }
         let child = cmd.spawn().map_err(|source| VmmError::Spawn {
             id: id.to_string(),
             binary: binary.to_path_buf(),
@@ -88,6 +108,7 @@ impl QemuProcess {
             child,
             log: log.to_path_buf(),
             exit: None,
+            cgroup,
         })
     }
 
@@ -100,6 +121,8 @@ impl QemuProcess {
         if self.exit.is_none() {
             if let Ok(Some(st)) = self.child.try_wait() {
                 self.exit = Some(st);
+                // Empty now: its directories can go.
+                self.cgroup = None;
             }
         }
         self.exit
@@ -253,7 +276,8 @@ mod tests {
             "-c".into(),
             "echo 'qemu: bad option -foo' >&2; exit 3".into(),
         ];
-        let mut p = QemuProcess::spawn("vm9", Path::new("/bin/sh"), &argv, None, &log).unwrap();
+        let mut p =
+            QemuProcess::spawn("vm9", Path::new("/bin/sh"), &argv, None, &log, None).unwrap();
         let e = p
             .connect(&d.path().join("nope.sock"), Duration::from_secs(5))
             .await
@@ -271,7 +295,8 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let log = d.path().join("vmm.log");
         let argv: Vec<OsString> = vec!["-c".into(), "exec sleep 30".into()];
-        let mut p = QemuProcess::spawn("vm8", Path::new("/bin/sh"), &argv, None, &log).unwrap();
+        let mut p =
+            QemuProcess::spawn("vm8", Path::new("/bin/sh"), &argv, None, &log, None).unwrap();
         let e = p
             .connect(&d.path().join("nope.sock"), Duration::from_millis(100))
             .await
@@ -285,7 +310,8 @@ mod tests {
     fn spawn_failure_names_the_binary_and_netns() {
         let d = tempfile::tempdir().unwrap();
         let log = d.path().join("vmm.log");
-        let Err(e) = QemuProcess::spawn("vm7", Path::new("/nonexistent/qemu"), &[], None, &log)
+        let Err(e) =
+            QemuProcess::spawn("vm7", Path::new("/nonexistent/qemu"), &[], None, &log, None)
         else {
             panic!("spawned a missing binary")
         };
@@ -296,6 +322,7 @@ mod tests {
             &[],
             Some(&d.path().join("ns")),
             &log,
+            None,
         ) else {
             panic!("missing netns accepted")
         };
