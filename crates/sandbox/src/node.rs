@@ -33,6 +33,34 @@ pub struct Node {
     stopped: tokio::sync::broadcast::Sender<String>,
 }
 
+/// The cgroups every VMM of this instance runs in (`siesta-<tag>/<vm>`),
+/// after removing the empty ones a killed server left. A host without a
+/// usable hierarchy runs its VMMs without memory, pids and CPU limits,
+/// which the log (and `siesta doctor`) says.
+fn vmm_cgroups(tag: &str) -> Option<siesta_vmm::Cgroups> {
+    match siesta_vmm::Cgroups::detect(&format!("siesta-{tag}")) {
+        Ok(Some(cgroups)) => {
+            let removed = cgroups.remove_leftovers();
+            tracing::info!(
+                version = cgroups.version(),
+                removed,
+                "each VMM runs in a cgroup of its own"
+            );
+            Some(cgroups)
+        }
+        Ok(None) => {
+            tracing::warn!(
+                "no writable cgroup hierarchy: VMMs run without memory, pids and CPU limits"
+            );
+            None
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cgroups unusable: VMMs run without memory, pids and CPU limits");
+            None
+        }
+    }
+}
+
 /// Switches on the host's zero-page merging (see
 /// `siesta_vmm::memory_return`). A host that cannot (no KSM, no write access
 /// to sysfs) still runs sandboxes; it keeps freed guest memory until a pause,
@@ -62,6 +90,9 @@ impl Node {
             .map_err(|source| Error::vmm("node", source))?;
         if config.incoming_kernel_stub {
             vmm = vmm.with_incoming_kernel_stubs(config.layout().kernel_stubs());
+        }
+        if let Some(cgroups) = vmm_cgroups(&config.net_tag) {
+            vmm = vmm.with_cgroups(cgroups);
         }
         let net = SlotPool::new(NetConfig {
             tag: config.net_tag.clone(),
