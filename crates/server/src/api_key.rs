@@ -76,12 +76,14 @@ pub fn load_or_create_api_keys(home: &Path) -> std::io::Result<ApiKeys> {
     let dir = home.join("secrets");
     let path = dir.join(KEY_FILE);
     let previous_path = dir.join(PREVIOUS_FILE);
+    // Every start, not only when a key is minted: a directory someone
+    // opened up since is closed again.
+    ensure_dir(&dir)?;
     let mut previous = read_keys(&previous_path)?;
     let mut minted = false;
     let current = match read_keys(&path)?.into_iter().next() {
         Some(key) if is_e2b_shaped(&key) => key,
         old => {
-            ensure_dir(&dir)?;
             if let Some(old) = old {
                 // Keep the old key first, then replace it: a crash between
                 // the two leaves both on disk, never neither.
@@ -133,12 +135,18 @@ fn ensure_dir(dir: &Path) -> std::io::Result<()> {
 
 /// Writes `text` to `path` (mode 0600) through a temporary file and a
 /// rename, so a reader sees the old content or the new, never a torn one.
+/// The temporary file is always a new one: a file (or link) left at its
+/// name would keep its own mode and owner, and the key would take them.
 fn write_secret(path: &Path, text: &str) -> std::io::Result<()> {
     let tmp = PathBuf::from(format!("{}.tmp", path.display()));
+    match std::fs::remove_file(&tmp) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(with_path(e, &tmp)),
+    }
     let mut f = std::fs::OpenOptions::new()
         .write(true)
-        .create(true)
-        .truncate(true)
+        .create_new(true)
         .mode(0o600)
         .open(&tmp)
         .map_err(|e| with_path(e, &tmp))?;
@@ -196,6 +204,40 @@ mod tests {
         let again = load_or_create_api_keys(home.path()).unwrap();
         assert_eq!(again.current(), keys.current());
         assert!(again.accepts(&old));
+    }
+
+    fn mode(path: &Path) -> u32 {
+        std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+    }
+
+    /// A temporary file left world-readable (by a crash, or by someone
+    /// who can write there) must not lend its mode to the new key.
+    #[test]
+    fn a_leftover_temporary_file_does_not_open_the_key() {
+        let home = tempfile::tempdir().unwrap();
+        let secrets = home.path().join("secrets");
+        std::fs::create_dir_all(&secrets).unwrap();
+        // An old-shape key makes the load mint a new one.
+        std::fs::write(secrets.join("api-key"), "siesta_00\n").unwrap();
+        let tmp = secrets.join("api-key.tmp");
+        std::fs::write(&tmp, "left over").unwrap();
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o666)).unwrap();
+        let keys = load_or_create_api_keys(home.path()).unwrap();
+        assert!(keys.minted());
+        assert_eq!(mode(&key_file(home.path())), 0o600);
+        assert_eq!(mode(&secrets.join("api-key.previous")), 0o600);
+        assert!(!tmp.exists());
+    }
+
+    #[test]
+    fn the_secrets_directory_is_closed_on_every_load() {
+        let home = tempfile::tempdir().unwrap();
+        load_or_create_api_keys(home.path()).unwrap();
+        let secrets = home.path().join("secrets");
+        std::fs::set_permissions(&secrets, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let keys = load_or_create_api_keys(home.path()).unwrap();
+        assert!(!keys.minted());
+        assert_eq!(mode(&secrets), 0o700);
     }
 
     #[test]
