@@ -5,12 +5,17 @@
 //! links themselves, so the server never needs to. Writes are synced before
 //! they are answered: `nfsserve` answers every WRITE as `FILE_SYNC`, and a
 //! guest that was told its data is stable must find it after a crash.
+//!
+//! What the guest asks for is bounded here too: a READ gets at most
+//! [`MAX_COUNT`] bytes whatever its count, a listing holds at most the
+//! entries its reply can carry.
 
-use std::ffi::{CString, OsStr};
+use std::collections::BinaryHeap;
+use std::ffi::{CString, OsStr, OsString};
 use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{FileExt, PermissionsExt};
+use std::os::unix::fs::{DirEntryExt, FileExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -24,6 +29,7 @@ use nfsserve::nfs::{
 use nfsserve::vfs::{DirEntry, NFSFileSystem, ReadDirResult, VFSCapabilities};
 
 use super::attr::{fattr, status};
+use super::call::MAX_COUNT;
 use super::index::{inode_at, Index};
 use crate::DEFAULT_OWNER;
 
@@ -234,7 +240,8 @@ impl NFSFileSystem for VolumeNfs {
         let path = self.path(id)?;
         let file = self.open(&path, false)?;
         let size = file.metadata().map_err(|e| status(&e))?.len();
-        let mut buf = vec![0u8; count as usize];
+        // FSINFO's rtmax; RFC 1813 lets a server return less than asked.
+        let mut buf = vec![0u8; count.min(MAX_COUNT) as usize];
         let mut got = 0;
         while got < buf.len() {
             match file.read_at(&mut buf[got..], offset + got as u64) {
@@ -351,7 +358,9 @@ impl NFSFileSystem for VolumeNfs {
     }
 
     /// Entries in inode order: the cookie is the last inode sent, so a
-    /// listing goes on correctly when entries come or go in between.
+    /// listing goes on correctly when entries come or go in between. Only
+    /// the `max_entries` next inodes are kept while the directory is read,
+    /// so a huge directory costs a pass, not its size in memory.
     async fn readdir(
         &self,
         dirid: fileid3,
@@ -360,33 +369,42 @@ impl NFSFileSystem for VolumeNfs {
     ) -> NfsResult<ReadDirResult> {
         let dir = self.path(dirid)?;
         let entries = self.root.read_dir(&dir).map_err(|e| status(&e))?;
-        let mut all = Vec::new();
+        // A max-heap of the smallest inodes past the cookie.
+        let mut next: BinaryHeap<(u64, OsString)> = BinaryHeap::new();
+        let mut more = false;
         for entry in entries.flatten() {
-            let name = entry.file_name();
-            let path = join(&dir, &name);
-            let Ok(meta) = self.root.symlink_metadata(&path) else {
-                continue;
-            };
-            if meta.ino() <= start_after {
+            let ino = entry.ino();
+            if ino <= start_after {
                 continue;
             }
-            all.push((meta.ino(), name, path, meta));
+            if next.len() == max_entries {
+                more = true;
+                match next.peek() {
+                    Some((top, _)) if ino < *top => drop(next.pop()),
+                    _ => continue,
+                }
+            }
+            next.push((ino, entry.file_name()));
         }
-        all.sort_by_key(|e| e.0);
-        let end = all.len() <= max_entries;
-        let entries = all
+        let entries = next
+            .into_sorted_vec()
             .into_iter()
-            .take(max_entries)
-            .map(|(ino, name, path, meta)| {
-                self.index.remember(ino, path);
-                DirEntry {
-                    fileid: ino,
+            .filter_map(|(_, name)| {
+                let path = join(&dir, &name);
+                // An entry removed since it was read is left out.
+                let meta = self.root.symlink_metadata(&path).ok()?;
+                self.index.remember(meta.ino(), path);
+                Some(DirEntry {
+                    fileid: meta.ino(),
                     name: name.as_bytes().into(),
                     attr: fattr(&meta, self.generation),
-                }
+                })
             })
             .collect();
-        Ok(ReadDirResult { entries, end })
+        Ok(ReadDirResult {
+            entries,
+            end: !more,
+        })
     }
 
     async fn symlink(
@@ -424,11 +442,11 @@ impl NFSFileSystem for VolumeNfs {
         };
         Ok(fsinfo3 {
             obj_attributes: attr,
-            rtmax: 1 << 20,
-            rtpref: 1 << 20,
+            rtmax: MAX_COUNT,
+            rtpref: MAX_COUNT,
             rtmult: 4096,
-            wtmax: 1 << 20,
-            wtpref: 1 << 20,
+            wtmax: MAX_COUNT,
+            wtpref: MAX_COUNT,
             wtmult: 4096,
             dtpref: 64 * 1024,
             maxfilesize: self.limit,
