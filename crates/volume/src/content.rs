@@ -18,7 +18,7 @@ use cap_std::fs::{Dir, OpenOptions, OpenOptionsExt};
 use crate::error::{VolumeError, VolumeResult};
 use crate::path::VolumePath;
 use crate::stat::{EntryKind, EntryStat};
-use crate::DEFAULT_OWNER;
+use crate::{squash, DEFAULT_OWNER};
 
 /// Default modes of what the API creates when the request names none.
 const FILE_MODE: u32 = 0o644;
@@ -336,12 +336,14 @@ impl VolumeFs {
 }
 
 /// Sets owner and mode on an open file or directory: the asked-for values,
-/// else the default owner and `default_mode`.
+/// else the default owner and `default_mode`; never root, never set-ID
+/// bits ([`crate::squash`]). The mode is set after the owner: a chown
+/// would clear set-ID bits, a chmod after it would not.
 fn apply_attrs(file: &std::fs::File, attrs: Attrs, default_mode: u32) -> std::io::Result<()> {
-    let uid = attrs.uid.unwrap_or(DEFAULT_OWNER.0);
-    let gid = attrs.gid.unwrap_or(DEFAULT_OWNER.1);
+    let uid = squash::uid(attrs.uid.unwrap_or(DEFAULT_OWNER.0));
+    let gid = squash::gid(attrs.gid.unwrap_or(DEFAULT_OWNER.1));
     std::os::unix::fs::fchown(file, Some(uid), Some(gid))?;
-    let mode = attrs.mode.unwrap_or(default_mode) & 0o7777;
+    let mode = squash::mode(attrs.mode.unwrap_or(default_mode));
     file.set_permissions(std::fs::Permissions::from_mode(mode))
 }
 

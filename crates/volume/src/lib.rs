@@ -11,11 +11,12 @@
 //! | [`path`] | [`VolumePath`]: a path inside a volume, refused when it could leave it |
 //! | [`stat`] | [`EntryStat`]: what a stat or listing reports |
 //! | [`nfs`] | a volume served to one sandbox's guest over NFSv3, from inside its network namespace |
+//! | [`squash`] | no set-ID bits and no root owner on a volume's files |
 //!
 //! Layout on disk:
 //!
 //! ```text
-//! $SIESTA_HOME/volumes/
+//! $SIESTA_HOME/volumes/  (0700: only the server reaches the files)
 //!   volumes.db          one row per volume: id, name, token, size limit
 //!   <id>/data/          the volume's files (its root, owned by uid/gid 1000)
 //!   <id>/tmp/           uploads being written, renamed into data/ when whole
@@ -30,6 +31,7 @@ mod error;
 pub mod nfs;
 pub mod path;
 pub mod registry;
+pub mod squash;
 pub mod stat;
 
 pub use content::{PendingWrite, VolumeFs};

@@ -5,6 +5,7 @@
 //! middle leaves at most a directory without a row, which [`Volumes::open`]
 //! removes: a volume exists exactly when its row does.
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 
@@ -68,6 +69,11 @@ impl Volumes {
             ));
         }
         std::fs::create_dir_all(root).map_err(io("creating volume directory", root))?;
+        // Only the server goes in: volume files are whatever guests and
+        // token holders made them, and no other host user should run,
+        // read or link to them. Also when an older siesta made it 0755.
+        std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o700))
+            .map_err(io("restricting the volume directory to its owner", root))?;
         let db_path = root.join(DB_FILE);
         let sql = |what| {
             let path = db_path.clone();

@@ -8,7 +8,8 @@
 //!
 //! What the guest asks for is bounded here too: a READ gets at most
 //! [`MAX_COUNT`] bytes whatever its count, a listing holds at most the
-//! entries its reply can carry.
+//! entries its reply can carry, and modes and owners are squashed
+//! ([`crate::squash`]).
 
 use std::collections::BinaryHeap;
 use std::ffi::{CString, OsStr, OsString};
@@ -31,7 +32,7 @@ use nfsserve::vfs::{DirEntry, NFSFileSystem, ReadDirResult, VFSCapabilities};
 use super::attr::{fattr, status};
 use super::call::MAX_COUNT;
 use super::index::{inode_at, Index};
-use crate::DEFAULT_OWNER;
+use crate::{squash, DEFAULT_OWNER};
 
 type NfsResult<T> = Result<T, nfsstat3>;
 
@@ -182,20 +183,22 @@ impl VolumeNfs {
             }
             file.set_len(size).map_err(|e| status(&e))?;
         }
-        if let set_mode3::mode(mode) = set.mode {
-            file.set_permissions(std::fs::Permissions::from_mode(mode & 0o7777))
-                .map_err(|e| status(&e))?;
-        }
+        // Owner before mode: a chown clears set-ID bits, a chmod after it
+        // would not (and squash::mode drops them anyway).
         let uid = match set.uid {
-            set_uid3::uid(u) => Some(u),
+            set_uid3::uid(u) => Some(squash::uid(u)),
             set_uid3::Void => None,
         };
         let gid = match set.gid {
-            set_gid3::gid(g) => Some(g),
+            set_gid3::gid(g) => Some(squash::gid(g)),
             set_gid3::Void => None,
         };
         if uid.is_some() || gid.is_some() {
             std::os::unix::fs::fchown(&file, uid, gid).map_err(|e| status(&e))?;
+        }
+        if let set_mode3::mode(mode) = set.mode {
+            file.set_permissions(std::fs::Permissions::from_mode(squash::mode(mode)))
+                .map_err(|e| status(&e))?;
         }
         set_times(&file, &set.atime, &set.mtime)
     }

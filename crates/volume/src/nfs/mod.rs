@@ -22,6 +22,9 @@
 //! a paused guest resumes with its mount intact. Everything a guest creates
 //! belongs to uid/gid 1000 (`user`), as NFS's `all_squash` would have it:
 //! the server does not learn the caller's uid, and a volume is shared.
+//! An explicit owner of 0 becomes 1000 too, and set-user-ID and
+//! set-group-ID bits are dropped, so that a guest cannot plant a
+//! setuid-root program in a host directory.
 //!
 //! # What a guest can make the server allocate
 //!
