@@ -18,6 +18,7 @@ use cap_std::fs::{Dir, OpenOptions, OpenOptionsExt};
 use crate::error::{VolumeError, VolumeResult};
 use crate::path::VolumePath;
 use crate::stat::{EntryKind, EntryStat};
+use crate::usage::{entry_cost, usage_of, ENTRY_COST};
 use crate::{squash, DEFAULT_OWNER};
 
 /// Default modes of what the API creates when the request names none.
@@ -136,34 +137,59 @@ impl VolumeFs {
         if path.is_root() {
             return Err(VolumeError::Exists(path.to_string()));
         }
+        // Each directory made costs ENTRY_COST of the limit.
+        let mut room = self.limit.saturating_sub(self.usage()?);
         if parents {
             for dir in path.ancestors_and_self() {
-                self.make_one_dir(&dir, attrs, true)?;
+                self.make_one_dir(&dir, attrs, true, &mut room)?;
             }
         } else {
             self.require_dir(&path.parent())?;
-            self.make_one_dir(path, attrs, false)?;
+            self.make_one_dir(path, attrs, false, &mut room)?;
         }
         self.stat(path)
     }
 
-    fn make_one_dir(&self, path: &VolumePath, attrs: Attrs, existing_ok: bool) -> VolumeResult<()> {
+    fn make_one_dir(
+        &self,
+        path: &VolumePath,
+        attrs: Attrs,
+        existing_ok: bool,
+        room: &mut u64,
+    ) -> VolumeResult<()> {
+        if *room < ENTRY_COST {
+            return match self.stat(path) {
+                Err(VolumeError::PathNotFound(_)) => Err(self.full(ENTRY_COST)),
+                Err(e) => Err(e),
+                Ok(stat) => self.existing_dir(path, &stat, existing_ok),
+            };
+        }
         match self.data.create_dir(path.relative()) {
             Ok(()) => {
+                *room -= ENTRY_COST;
                 let file =
                     open_dir_fd(&self.data, path).map_err(|e| self.map_err(e, "opening", path))?;
                 apply_attrs(&file, attrs, DIR_MODE)
                     .map_err(|e| self.map_err(e, "setting owner and mode of", path))
             }
             Err(e) if e.kind() == ErrorKind::AlreadyExists => {
-                let stat = self.stat(path)?;
-                match stat.kind {
-                    EntryKind::Directory if existing_ok => Ok(()),
-                    EntryKind::Directory => Err(VolumeError::Exists(path.to_string())),
-                    _ => Err(VolumeError::NotDirectory(path.to_string())),
-                }
+                self.existing_dir(path, &self.stat(path)?, existing_ok)
             }
             Err(e) => Err(self.map_err(e, "creating directory", path)),
+        }
+    }
+
+    /// Whether an entry already at `path` will do as the directory asked for.
+    fn existing_dir(
+        &self,
+        path: &VolumePath,
+        stat: &EntryStat,
+        existing_ok: bool,
+    ) -> VolumeResult<()> {
+        match stat.kind {
+            EntryKind::Directory if existing_ok => Ok(()),
+            EntryKind::Directory => Err(VolumeError::Exists(path.to_string())),
+            _ => Err(VolumeError::NotDirectory(path.to_string())),
         }
     }
 
@@ -192,12 +218,16 @@ impl VolumeFs {
                 return Err(VolumeError::IsDirectory(path.to_string()))
             }
             Ok(_) if !force => return Err(VolumeError::Exists(path.to_string())),
-            Ok(s) => s.size,
+            Ok(s) => entry_cost(s.kind == EntryKind::File, s.size),
             Err(VolumeError::PathNotFound(_)) => 0,
             Err(e) => return Err(e),
         };
         let used = self.usage()?;
+        // The new file costs at least ENTRY_COST, however short.
         let budget = (self.limit + replaced).saturating_sub(used);
+        if budget < ENTRY_COST {
+            return Err(self.full(ENTRY_COST));
+        }
         let temp_name = format!("upload-{}", hex::encode(rand::random::<[u8; 8]>()));
         let mut options = OpenOptions::new();
         options.write(true).create_new(true);
@@ -302,7 +332,7 @@ impl VolumeFs {
             .map_err(|e| self.map_err(e, "syncing the directory of", path))
     }
 
-    /// Bytes of file data in the volume (apparent sizes, links not followed).
+    /// What the volume's entries cost of its limit ([`crate::usage`]).
     pub fn usage(&self) -> VolumeResult<u64> {
         usage_of(&self.data).map_err(|e| self.map_err(e, "measuring", &VolumePath::root()))
     }
@@ -357,20 +387,4 @@ fn open_dir_fd(data: &Dir, dir: &VolumePath) -> std::io::Result<std::fs::File> {
     let mut options = OpenOptions::new();
     options.read(true).custom_flags(libc::O_DIRECTORY);
     Ok(data.open_with(dir.relative(), &options)?.into_std())
-}
-
-pub(crate) fn usage_of(dir: &Dir) -> std::io::Result<u64> {
-    let mut total = 0;
-    for entry in dir.entries()? {
-        let entry = entry?;
-        let file_type = entry.file_type()?;
-        if file_type.is_dir() {
-            if let Ok(sub) = entry.open_dir() {
-                total += usage_of(&sub)?;
-            }
-        } else if file_type.is_file() {
-            total += entry.metadata()?.len();
-        }
-    }
-    Ok(total)
 }

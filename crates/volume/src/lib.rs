@@ -11,6 +11,7 @@
 //! | [`path`] | [`VolumePath`]: a path inside a volume, refused when it could leave it |
 //! | [`stat`] | [`EntryStat`]: what a stat or listing reports |
 //! | [`nfs`] | a volume served to one sandbox's guest over NFSv3, from inside its network namespace |
+//! | [`usage`] | what a volume uses of its size limit (every entry at least 4 KiB) |
 //! | [`squash`] | no set-ID bits and no root owner on a volume's files |
 //!
 //! Layout on disk:
@@ -33,6 +34,7 @@ pub mod path;
 pub mod registry;
 pub mod squash;
 pub mod stat;
+pub mod usage;
 
 pub use content::{PendingWrite, VolumeFs};
 pub use error::{VolumeError, VolumeResult};

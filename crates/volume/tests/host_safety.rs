@@ -1,6 +1,7 @@
 //! What a guest (through its NFS mount) or a volume token holder (through
 //! the content API) can leave on the host: no setuid or setgid files, no
-//! files owned by root (review M4).
+//! files owned by root (review M4), and no more entries than the size
+//! limit pays for (review M2).
 
 mod common;
 
@@ -11,7 +12,9 @@ use std::path::Path;
 use common::*;
 use siesta_volume::content::Attrs;
 use siesta_volume::nfs::NfsLimits;
-use siesta_volume::{VolumePath, Volumes};
+use siesta_volume::{VolumeError, VolumePath, Volumes};
+
+const NFS3ERR_NOSPC: u32 = 28;
 
 /// Mode bits, uid and gid of a host file.
 fn host(path: &Path) -> (u32, u32, u32) {
@@ -128,4 +131,58 @@ fn the_volumes_directory_is_the_servers_alone() {
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
     drop(Volumes::open(&dir, 64).unwrap());
     assert_eq!(host(&dir).0, 0o700);
+}
+
+#[test]
+fn mkdir_through_nfs_stops_at_the_limit() {
+    if !need_root() {
+        return;
+    }
+    // 1 MiB pays for 256 entries of 4 KiB.
+    let served = Served::new(1, NfsLimits::default());
+    let mut c = served.client();
+    let root = c.mount_root();
+    let mut made = 0;
+    let last = loop {
+        let status = c.mkdir(&root, &format!("d{made}"));
+        if status != 0 || made > 1000 {
+            break status;
+        }
+        made += 1;
+    };
+    assert_eq!((made, last), (256, NFS3ERR_NOSPC));
+    // Removing one gives its room back.
+    let rmdir = Xdr::default().opaque(&root).opaque(b"d0");
+    assert_eq!(c.nfs(13, &rmdir.0).0, 0);
+    assert_eq!(c.mkdir(&root, "again"), 0);
+    assert_eq!(c.mkdir(&root, "one-more"), NFS3ERR_NOSPC);
+}
+
+#[test]
+fn mkdir_and_empty_files_through_the_api_stop_at_the_limit() {
+    if !need_root() {
+        return;
+    }
+    let home = tempfile::tempdir().unwrap();
+    let vols = Volumes::open(home.path(), 64).unwrap();
+    let rec = vols.create("small", Some(1)).unwrap();
+    let fs = vols.content(&rec).unwrap();
+    let mut made = 0;
+    let err = loop {
+        match fs.make_dir(&p(&format!("/d{made}")), Attrs::default(), false) {
+            Ok(_) if made < 1000 => made += 1,
+            Ok(_) => panic!("no limit"),
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(made, 256);
+    assert!(matches!(err, VolumeError::Full { .. }), "{err}");
+    // An empty file costs a block too.
+    assert!(matches!(
+        fs.begin_write(&p("/empty"), false),
+        Err(VolumeError::Full { .. })
+    ));
+    // parents=true on what exists costs nothing.
+    fs.make_dir(&p("/d1"), Attrs::default(), true).unwrap();
+    assert_eq!(fs.usage().unwrap(), 1 << 20);
 }

@@ -8,8 +8,9 @@
 //!
 //! What the guest asks for is bounded here too: a READ gets at most
 //! [`MAX_COUNT`] bytes whatever its count, a listing holds at most the
-//! entries its reply can carry, and modes and owners are squashed
-//! ([`crate::squash`]).
+//! entries its reply can carry, every new entry costs [`ENTRY_COST`] of
+//! the volume's limit ([`crate::usage`]), and modes and owners are
+//! squashed ([`crate::squash`]).
 
 use std::collections::BinaryHeap;
 use std::ffi::{CString, OsStr, OsString};
@@ -32,6 +33,7 @@ use nfsserve::vfs::{DirEntry, NFSFileSystem, ReadDirResult, VFSCapabilities};
 use super::attr::{fattr, status};
 use super::call::MAX_COUNT;
 use super::index::{inode_at, Index};
+use crate::usage::{entry_cost, file_cost, usage_of, ENTRY_COST};
 use crate::{squash, DEFAULT_OWNER};
 
 type NfsResult<T> = Result<T, nfsstat3>;
@@ -56,7 +58,7 @@ impl VolumeNfs {
         let root_ino = root.dir_metadata()?.ino();
         let generation =
             u64::from_le_bytes(<[u8; 8]>::try_from(&sha_of(id)[..8]).unwrap_or_default());
-        let usage = crate::content::usage_of(&root)?;
+        let usage = usage_of(&root)?;
         let index = Index::new();
         index.remember(root_ino, PathBuf::from("."));
         Ok(Self {
@@ -150,7 +152,7 @@ impl VolumeNfs {
     fn reserve(&self, growth: u64) -> NfsResult<()> {
         let mut usage = self.usage.lock().unwrap_or_else(|p| p.into_inner());
         if *usage + growth > self.limit {
-            *usage = crate::content::usage_of(&self.root).map_err(|e| status(&e))?;
+            *usage = usage_of(&self.root).map_err(|e| status(&e))?;
             if *usage + growth > self.limit {
                 tracing::warn!(volume = %self.name, used = *usage, limit = self.limit, "volume full: NFS write refused");
                 return Err(nfsstat3::NFS3ERR_NOSPC);
@@ -165,6 +167,24 @@ impl VolumeNfs {
         *usage = usage.saturating_sub(bytes);
     }
 
+    /// Makes a new entry with `make`, which costs [`ENTRY_COST`] of the
+    /// limit (given back if it fails).
+    fn new_entry<T>(&self, make: impl FnOnce() -> NfsResult<T>) -> NfsResult<T> {
+        self.reserve(ENTRY_COST)?;
+        make().inspect_err(|_| self.released(ENTRY_COST))
+    }
+
+    /// A file's length goes from `old` to `new`: what that costs or frees.
+    fn resized(&self, old: u64, new: u64) -> NfsResult<()> {
+        let (old, new) = (file_cost(old), file_cost(new));
+        if new > old {
+            self.reserve(new - old)
+        } else {
+            self.released(old - new);
+            Ok(())
+        }
+    }
+
     fn apply(&self, path: &Path, set: &sattr3) -> NfsResult<()> {
         let meta = self.meta(path)?;
         if meta.file_type().is_symlink() {
@@ -176,10 +196,8 @@ impl VolumeNfs {
         }
         let file = self.open(path, matches!(set.size, set_size3::size(_)))?;
         if let set_size3::size(size) = set.size {
-            if size > meta.len() {
-                self.reserve(size - meta.len())?;
-            } else {
-                self.released(meta.len() - size);
+            if meta.is_file() {
+                self.resized(meta.len(), size)?;
             }
             file.set_len(size).map_err(|e| status(&e))?;
         }
@@ -265,7 +283,9 @@ impl NFSFileSystem for VolumeNfs {
         let end = offset
             .checked_add(data.len() as u64)
             .ok_or(nfsstat3::NFS3ERR_FBIG)?;
-        self.reserve(end.saturating_sub(size))?;
+        if end > size {
+            self.resized(size, end)?;
+        }
         file.write_all_at(data, offset).map_err(|e| status(&e))?;
         file.sync_data().map_err(|e| status(&e))?;
         Ok(self.entry(&path)?.1)
@@ -283,11 +303,12 @@ impl NFSFileSystem for VolumeNfs {
             .write(true)
             .create(true)
             .custom_flags(libc::O_NOFOLLOW);
-        let mut file = self
-            .root
-            .open_with(&path, &options)
-            .map_err(|e| status(&e))?
-            .into_std();
+        let open = || self.root.open_with(&path, &options).map_err(|e| status(&e));
+        let mut file = match self.meta(&path) {
+            Ok(_) => open()?,
+            Err(_) => self.new_entry(open)?,
+        }
+        .into_std();
         if !matches!(attr.mode, set_mode3::mode(_)) {
             file.set_permissions(std::fs::Permissions::from_mode(0o644))
                 .map_err(|e| status(&e))?;
@@ -303,9 +324,7 @@ impl NFSFileSystem for VolumeNfs {
         let mut options = OpenOptions::new();
         options.write(true).create_new(true);
         let file = self
-            .root
-            .open_with(&path, &options)
-            .map_err(|e| status(&e))?
+            .new_entry(|| self.root.open_with(&path, &options).map_err(|e| status(&e)))?
             .into_std();
         file.set_permissions(std::fs::Permissions::from_mode(0o644))
             .map_err(|e| status(&e))?;
@@ -315,7 +334,7 @@ impl NFSFileSystem for VolumeNfs {
 
     async fn mkdir(&self, dirid: fileid3, dirname: &filename3) -> NfsResult<(fileid3, fattr3)> {
         let path = self.child(dirid, dirname)?;
-        self.root.create_dir(&path).map_err(|e| status(&e))?;
+        self.new_entry(|| self.root.create_dir(&path).map_err(|e| status(&e)))?;
         self.root
             .set_permissions(
                 &path,
@@ -335,8 +354,8 @@ impl NFSFileSystem for VolumeNfs {
             self.root.remove_file(&path)
         };
         removed.map_err(|e| status(&e))?;
-        if meta.is_file() && meta.nlink() <= 1 {
-            self.released(meta.len());
+        if !meta.is_file() || meta.nlink() <= 1 {
+            self.released(entry_cost(meta.is_file(), meta.len()));
         }
         self.index.forget(meta.ino());
         Ok(())
@@ -419,9 +438,11 @@ impl NFSFileSystem for VolumeNfs {
     ) -> NfsResult<(fileid3, fattr3)> {
         let path = self.child(dirid, linkname)?;
         let target = OsStr::from_bytes(target.as_ref());
-        self.root
-            .symlink_contents(target, &path)
-            .map_err(|e| status(&e))?;
+        self.new_entry(|| {
+            self.root
+                .symlink_contents(target, &path)
+                .map_err(|e| status(&e))
+        })?;
         self.squash_owner(&path)?;
         self.entry(&path)
     }
