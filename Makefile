@@ -12,12 +12,12 @@ AGENT_TARGET := x86_64-unknown-linux-gnu
 AGENT_BIN := target/$(AGENT_TARGET)/release/siesta-agent
 SIESTA := target/release/siesta
 
-.PHONY: up test deps test-deps s3-venv e2b-js build agent assets template lint unit-test e2b-venv schemathesis-venv e2b-test conformance-test fault-test deploy-venv deploy-check doctor clean-assets
+.PHONY: up test deps test-deps s3-venv e2b-js build agent assets template lint unit-test e2b-venv schemathesis-venv e2b-test escape-test conformance-test fault-test deploy-venv deploy-check doctor clean-assets
 
 up: deps build assets template
 	$(SIESTA) serve --listen $(LISTEN)
 
-test: deps test-deps build assets template lint deploy-check unit-test e2b-test conformance-test fault-test
+test: deps test-deps build assets template lint deploy-check unit-test e2b-test escape-test conformance-test fault-test
 
 deps:
 	./scripts/install-deps.sh
@@ -97,6 +97,13 @@ e2b-test: build assets e2b-venv e2b-js schemathesis-venv s3-venv
 # fail (docs/compatibility.md).
 conformance-test: build assets e2b-venv
 	SIESTA_BIN=$(abspath $(SIESTA)) $(E2B_VENV)/bin/python tests/conformance/run.py
+
+# The escape suite (tests/escape, docs/security.md): attacks from inside
+# real guests and from hostile inputs (the node's network, forged packets,
+# hostile images, NFS records); every one must fail, and the summary says
+# how many were tried.
+escape-test: build assets e2b-venv
+	SIESTA_BIN=$(abspath $(SIESTA)) $(E2B_VENV)/bin/python -m pytest tests/escape -ra
 
 # The fault suite (tests/faults, docs/reliability.md): the server killed
 # with SIGKILL at seeded points during its operations (SIESTA_FAULT_SEED
