@@ -53,6 +53,8 @@ impl SignedFiles {
     }
 
     /// True if `token` (a sandbox's access token) made this signature.
+    /// Compared in constant time: an early exit on the first wrong byte
+    /// would let a client find a valid signature byte by byte.
     pub fn signed_with(&self, token: &str) -> bool {
         let want = siesta_envd_proto::file_signature(
             &self.path,
@@ -61,7 +63,7 @@ impl SignedFiles {
             token,
             self.expiration,
         );
-        want == self.signature
+        siesta_envd_proto::secrets_match(want.as_bytes(), self.signature.as_bytes())
     }
 }
 
@@ -85,5 +87,25 @@ mod tests {
         assert!(!post.signed_with("tok"), "a read signature does not write");
         assert!(SignedFiles::of(&Method::GET, &"/files?path=/x".parse().unwrap()).is_none());
         assert!(SignedFiles::of(&Method::GET, &"/other?signature=x".parse().unwrap()).is_none());
+    }
+
+    #[test]
+    fn a_signature_right_but_for_its_last_byte_or_cut_short_is_refused() {
+        let sig = siesta_envd_proto::file_signature("/p", "read", "", "tok", None);
+        let signed = |signature: &str| SignedFiles {
+            path: "/p".into(),
+            operation: "read",
+            user: String::new(),
+            signature: signature.into(),
+            expiration: None,
+        };
+        assert!(signed(&sig).signed_with("tok"));
+        let mut last = sig.clone();
+        let flipped = if last.ends_with('A') { 'B' } else { 'A' };
+        last.pop();
+        last.push(flipped);
+        assert!(!signed(&last).signed_with("tok"));
+        assert!(!signed(&sig[..sig.len() - 1]).signed_with("tok"));
+        assert!(!signed("").signed_with("tok"));
     }
 }
