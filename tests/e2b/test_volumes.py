@@ -110,6 +110,13 @@ def test_the_token_is_the_volumes_own(siesta, volume):
         assert httpx.get(url, params=params, headers=api_key).status_code == 401
         right = {"Authorization": f"Bearer {volume.token}"}
         assert httpx.get(url, params=params, headers=right).text == "mine"
+        # No name oracle: a volume that does not exist answers as a wrong
+        # token does.
+        for name in [unique("nosuch"), "vol-0000000000000000"]:
+            missing = f"{siesta.url}/volumecontent/{name}/file"
+            r = httpx.get(missing, params=params, headers=right)
+            assert r.status_code == 401, r.text
+            assert r.json()["message"] == httpx.get(url, params=params, headers=wrong).json()["message"]
     finally:
         Volume.destroy(other.volume_id)
 

@@ -23,7 +23,7 @@ use axum::Json;
 use futures::StreamExt;
 use serde::Deserialize;
 use siesta_volume::content::Attrs;
-use siesta_volume::{VolumeFs, VolumePath};
+use siesta_volume::{VolumeError, VolumeFs, VolumePath, Volumes};
 use tokio::io::AsyncWriteExt;
 
 use super::volumes::blocking;
@@ -84,7 +84,7 @@ impl FromRequestParts<AppState> for Target {
                     format!("invalid query string: {}", e.body_text()),
                 )
             })?;
-        let fs = authorized(st, id, &parts.headers).await?;
+        let fs = authorized(st.volumes.clone(), id, &parts.headers).await?;
         let path = VolumePath::parse(&query.path)?;
         Ok(Self { fs, path, query })
     }
@@ -96,8 +96,8 @@ impl FromRequestParts<AppState> for Target {
     params(("id" = String, Path, description = "the volume's id"), ("path" = String, Query, description = "a path in the volume")),
     responses(
         (status = 200, description = "the file", content_type = "application/octet-stream", body = Vec<u8>),
-        (status = 401, description = "a missing or wrong token", body = super::model::Error),
-        (status = 404, description = "no such volume or path", body = super::model::Error),
+        (status = 401, description = "a missing or wrong token, or no such volume", body = super::model::Error),
+        (status = 404, description = "no such path", body = super::model::Error),
     ),
 )]
 pub async fn read_file(t: Target) -> Result<Response, ApiError> {
@@ -122,8 +122,8 @@ pub async fn read_file(t: Target) -> Result<Response, ApiError> {
         (status = 201, description = "the entry", body = Object),
         (status = 409, description = "it exists (without force)", body = super::model::Error),
         (status = 507, description = "the volume's size limit", body = super::model::Error),
-        (status = 401, description = "a missing or wrong token", body = super::model::Error),
-        (status = 404, description = "no such volume or path", body = super::model::Error),
+        (status = 401, description = "a missing or wrong token, or no such volume", body = super::model::Error),
+        (status = 404, description = "no such path", body = super::model::Error),
     ),
 )]
 pub async fn write_file(t: Target, body: Body) -> Result<Response, ApiError> {
@@ -170,8 +170,8 @@ pub async fn write_file(t: Target, body: Body) -> Result<Response, ApiError> {
     params(("id" = String, Path, description = "the volume's id"), ("path" = String, Query, description = "a path in the volume"), ("depth" = Option<u32>, Query, minimum = 1)),
     responses(
         (status = 200, description = "its entries", body = [Object]),
-        (status = 401, description = "a missing or wrong token", body = super::model::Error),
-        (status = 404, description = "no such volume or path", body = super::model::Error),
+        (status = 401, description = "a missing or wrong token, or no such volume", body = super::model::Error),
+        (status = 404, description = "no such path", body = super::model::Error),
     ),
 )]
 pub async fn list_dir(t: Target) -> Result<Response, ApiError> {
@@ -187,8 +187,8 @@ pub async fn list_dir(t: Target) -> Result<Response, ApiError> {
     responses(
         (status = 201, description = "the entry", body = Object),
         (status = 409, description = "it exists", body = super::model::Error),
-        (status = 401, description = "a missing or wrong token", body = super::model::Error),
-        (status = 404, description = "no such volume or path", body = super::model::Error),
+        (status = 401, description = "a missing or wrong token, or no such volume", body = super::model::Error),
+        (status = 404, description = "no such path", body = super::model::Error),
     ),
 )]
 pub async fn make_dir(t: Target) -> Result<Response, ApiError> {
@@ -203,8 +203,8 @@ pub async fn make_dir(t: Target) -> Result<Response, ApiError> {
     params(("id" = String, Path, description = "the volume's id"), ("path" = String, Query, description = "a path in the volume")),
     responses(
         (status = 200, description = "the entry", body = Object),
-        (status = 401, description = "a missing or wrong token", body = super::model::Error),
-        (status = 404, description = "no such volume or path", body = super::model::Error),
+        (status = 401, description = "a missing or wrong token, or no such volume", body = super::model::Error),
+        (status = 404, description = "no such path", body = super::model::Error),
     ),
 )]
 pub async fn stat(t: Target) -> Result<Response, ApiError> {
@@ -219,8 +219,8 @@ pub async fn stat(t: Target) -> Result<Response, ApiError> {
     request_body(content = Option<AttrsBody>, description = "optional"),
     responses(
         (status = 200, description = "the entry", body = Object),
-        (status = 401, description = "a missing or wrong token", body = super::model::Error),
-        (status = 404, description = "no such volume or path", body = super::model::Error),
+        (status = 401, description = "a missing or wrong token, or no such volume", body = super::model::Error),
+        (status = 404, description = "no such path", body = super::model::Error),
     ),
 )]
 pub async fn set_attrs(t: Target, bytes: Bytes) -> Result<Response, ApiError> {
@@ -241,8 +241,8 @@ pub async fn set_attrs(t: Target, bytes: Bytes) -> Result<Response, ApiError> {
     responses(
         (status = 204, description = "removed"),
         (status = 400, description = "the volume's root", body = super::model::Error),
-        (status = 401, description = "a missing or wrong token", body = super::model::Error),
-        (status = 404, description = "no such volume or path", body = super::model::Error),
+        (status = 401, description = "a missing or wrong token, or no such volume", body = super::model::Error),
+        (status = 404, description = "no such path", body = super::model::Error),
     ),
 )]
 pub async fn remove(t: Target) -> Result<StatusCode, ApiError> {
@@ -273,9 +273,11 @@ async fn copy_body(body: Body, mut file: tokio::fs::File, budget: u64) -> Result
     Ok(written)
 }
 
-/// Volume `id`'s files, if `headers` carry its bearer token.
+/// Volume `id`'s files, if `headers` carry its bearer token. An unknown
+/// volume is refused as a wrong token is: a 404 would tell a client without
+/// any token which volume ids and names exist.
 async fn authorized(
-    st: &AppState,
+    volumes: Arc<Volumes>,
     id: String,
     headers: &HeaderMap,
 ) -> Result<Arc<VolumeFs>, ApiError> {
@@ -285,15 +287,15 @@ async fn authorized(
             "missing `Authorization: Bearer <token>`: the volume's token from POST or GET /volumes/{id}",
         )
     })?;
-    let volumes = st.volumes.clone();
-    let record = blocking(move || volumes.get(&id)).await?;
-    if !record.token_matches(&given) {
-        return Err(ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "invalid token for this volume",
-        ));
-    }
-    let volumes = st.volumes.clone();
+    let registry = volumes.clone();
+    let record = blocking(move || match registry.get(&id) {
+        Ok(record) => Ok(Some(record)),
+        Err(VolumeError::NotFound(_)) => Ok(None),
+        Err(e) => Err(e),
+    })
+    .await?
+    .filter(|record| record.token_matches(&given))
+    .ok_or_else(|| ApiError::new(StatusCode::UNAUTHORIZED, "invalid token for this volume"))?;
     let fs = blocking(move || volumes.content(&record)).await?;
     Ok(Arc::new(fs))
 }
@@ -304,4 +306,48 @@ fn bearer(headers: &HeaderMap) -> Option<String> {
     scheme
         .eq_ignore_ascii_case("bearer")
         .then(|| token.trim().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+
+    fn with_token(token: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        let value = HeaderValue::from_str(&format!("Bearer {token}")).unwrap();
+        h.insert(header::AUTHORIZATION, value);
+        h
+    }
+
+    /// Probing names without a token: an unknown volume must answer as a
+    /// known one with a wrong token does.
+    #[tokio::test]
+    async fn unknown_volumes_look_like_wrong_tokens() {
+        let dir = tempfile::tempdir().unwrap();
+        let volumes = Arc::new(Volumes::open(dir.path(), 16).unwrap());
+        let vol = volumes.create("known", None).unwrap();
+        let refusal = |id: &str, token: &str| {
+            let (volumes, id, headers) = (volumes.clone(), id.to_string(), with_token(token));
+            async move {
+                match authorized(volumes, id, &headers).await {
+                    Ok(_) => panic!("accepted"),
+                    Err(e) => (e.status, e.message),
+                }
+            }
+        };
+        let wrong = refusal("known", "guess").await;
+        assert_eq!(wrong.0, StatusCode::UNAUTHORIZED);
+        assert_eq!(refusal(&vol.id, "guess").await, wrong);
+        assert_eq!(refusal("unknown", "guess").await, wrong);
+        assert_eq!(refusal("vol-0123456789", "guess").await, wrong);
+        assert!(
+            authorized(volumes.clone(), vol.id.clone(), &with_token(&vol.token))
+                .await
+                .is_ok()
+        );
+        assert!(authorized(volumes, "known".into(), &with_token(&vol.token))
+            .await
+            .is_ok());
+    }
 }
