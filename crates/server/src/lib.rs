@@ -63,7 +63,8 @@ pub async fn serve(
     };
     let cluster = options.cluster.clone();
     let manager = state.manager.clone();
-    let mut app = proxy::front(router(state), targets);
+    let control_keys = state.api_keys.clone();
+    let mut app = proxy::front(router(state), targets, control_keys);
     if let Some(cluster) = cluster {
         app = cluster_front::front(app, cluster_front::ClusterFront { cluster, manager });
     }

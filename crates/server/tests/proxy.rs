@@ -12,6 +12,8 @@ use futures::StreamExt;
 use siesta_server::proxy::{self, SandboxTargets, TargetError};
 
 const TOKEN: &str = "test-token";
+/// The node's API key (for the control API, never for a guest).
+const KEY: &str = "e2b_00112233445566778899aabbccddeeff00112233";
 /// Every test gives up after this long instead of hanging.
 const LIMIT: Duration = Duration::from_secs(30);
 
@@ -65,7 +67,8 @@ impl Harness {
         tokio::spawn(siesta_agent::serve(agent, state));
 
         let control = Router::new().fallback(|| async { "control api" });
-        let app = proxy::front(control, Arc::new(Loopback));
+        let keys = siesta_server::ApiKeys::single(KEY);
+        let app = proxy::front(control, Arc::new(Loopback), keys);
         let front = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", front.local_addr().unwrap());
         tokio::spawn(async move { axum::serve(front, app).await });
@@ -370,4 +373,87 @@ async fn request_and_response_bodies_stream_at_the_same_time() {
     })
     .await
     .expect("timed out");
+}
+
+/// An upstream that answers with the request's headers, as JSON
+/// `{name: [values]}`.
+async fn header_echo_server() -> u16 {
+    use hyper_util::rt::TokioIo;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        loop {
+            let (socket, _) = listener.accept().await.unwrap();
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(
+                    |req: hyper::Request<hyper::body::Incoming>| async move {
+                        let mut seen = std::collections::BTreeMap::<String, Vec<String>>::new();
+                        for (name, value) in req.headers() {
+                            let value = String::from_utf8_lossy(value.as_bytes()).into_owned();
+                            seen.entry(name.to_string()).or_default().push(value);
+                        }
+                        let body = serde_json::to_vec(&seen).unwrap();
+                        Ok::<_, std::convert::Infallible>(hyper::Response::new(
+                            axum::body::Body::from(body),
+                        ))
+                    },
+                );
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(socket), svc)
+                    .await;
+            });
+        }
+    });
+    port
+}
+
+/// A client that sends the node's key with every request (one header set
+/// for the API and the sandboxes) must not hand it to the guest: code in
+/// the sandbox would read it off its own port.
+#[tokio::test]
+async fn the_nodes_key_never_reaches_a_guest() {
+    let h = Harness::start().await;
+    let port = header_echo_server().await;
+    let seen = |req: reqwest::RequestBuilder| async move {
+        let resp = req.send().await.unwrap();
+        assert_eq!(resp.status(), 200);
+        resp.json::<serde_json::Value>().await.unwrap()
+    };
+    let by_host = || {
+        h.http
+            .get(format!("{}/", h.base))
+            .header("host", format!("{port}-sbx1.siesta.localhost"))
+    };
+    let by_header = || {
+        h.http
+            .get(format!("{}/", h.base))
+            .header("E2b-Sandbox-Id", "sbx1")
+            .header("E2b-Sandbox-Port", port.to_string())
+    };
+    for req in [by_host(), by_header()] {
+        let got = seen(
+            req.header("X-API-KEY", KEY)
+                .header("authorization", format!("Bearer {KEY}")),
+        )
+        .await;
+        assert!(got.get("x-api-key").is_none(), "{got}");
+        assert!(got.get("authorization").is_none(), "{got}");
+    }
+    // What is not the node's key is the app's business, and envd needs
+    // its Basic user.
+    let got = seen(
+        by_host()
+            .header("X-API-KEY", "the-apps-own-key")
+            .header("authorization", "Basic dXNlcjo=")
+            .header("cookie", "session=1"),
+    )
+    .await;
+    assert_eq!(got["x-api-key"], serde_json::json!(["the-apps-own-key"]));
+    assert_eq!(got["authorization"], serde_json::json!(["Basic dXNlcjo="]));
+    assert_eq!(got["cookie"], serde_json::json!(["session=1"]));
+    let got = seen(by_host().header("authorization", "Bearer app-token")).await;
+    assert_eq!(
+        got["authorization"],
+        serde_json::json!(["Bearer app-token"])
+    );
 }

@@ -168,6 +168,42 @@ fn prepare_request(
     Ok(())
 }
 
+/// Removes the node's own credentials from a request bound for a guest:
+/// an `X-API-KEY`, or an `Authorization: Bearer`, whose value is one of
+/// the node's API keys (`is_key`). Whoever runs code in the sandbox must not
+/// learn the node's key from a client that sends one header set everywhere.
+/// Other values stay: an app in the sandbox may take its own API keys or
+/// bearer tokens that way, and envd needs `Authorization: Basic <user>:`.
+pub fn strip_control_credentials(headers: &mut HeaderMap, is_key: impl Fn(&str) -> bool) {
+    let is_control = |name: &HeaderName, value: &HeaderValue| {
+        let Ok(text) = value.to_str() else {
+            return false;
+        };
+        let text = text.trim();
+        if name == "x-api-key" {
+            return is_key(text);
+        }
+        text.split_once(' ').is_some_and(|(scheme, token)| {
+            scheme.eq_ignore_ascii_case("bearer") && is_key(token.trim())
+        })
+    };
+    for name in [HeaderName::from_static("x-api-key"), header::AUTHORIZATION] {
+        if !headers.get_all(&name).iter().any(|v| is_control(&name, v)) {
+            continue;
+        }
+        let kept: Vec<HeaderValue> = headers
+            .get_all(&name)
+            .iter()
+            .filter(|v| !is_control(&name, v))
+            .cloned()
+            .collect();
+        headers.remove(&name);
+        for value in kept {
+            headers.append(name.clone(), value);
+        }
+    }
+}
+
 fn wants_upgrade(headers: &HeaderMap) -> bool {
     headers.contains_key(header::UPGRADE) && connection_tokens(headers).any(|t| t == "upgrade")
 }
@@ -236,6 +272,38 @@ mod tests {
         let mut left: Vec<_> = h.keys().map(|k| k.as_str()).collect();
         left.sort();
         assert_eq!(left, ["content-type", "x-access-token"]);
+    }
+
+    #[test]
+    fn the_nodes_keys_are_taken_out_others_stay() {
+        let key = "e2b_0123";
+        let mut h = HeaderMap::new();
+        h.append("x-api-key", HeaderValue::from_static("e2b_0123"));
+        h.append("x-api-key", HeaderValue::from_static("the-apps-own"));
+        h.append(
+            "authorization",
+            HeaderValue::from_static("bearer  e2b_0123"),
+        );
+        h.append("authorization", HeaderValue::from_static("Basic dXNlcjo="));
+        h.append(
+            "authorization",
+            HeaderValue::from_static("Bearer app-token"),
+        );
+        h.insert("cookie", HeaderValue::from_static("session=1"));
+        strip_control_credentials(&mut h, |k| k == key);
+        let all = |name| {
+            h.get_all(name)
+                .iter()
+                .map(|v| v.to_str().unwrap())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(all("x-api-key"), ["the-apps-own"]);
+        assert_eq!(all("authorization"), ["Basic dXNlcjo=", "Bearer app-token"]);
+        assert_eq!(all("cookie"), ["session=1"]);
+        let mut only = HeaderMap::new();
+        only.insert("x-api-key", HeaderValue::from_static("e2b_0123"));
+        strip_control_credentials(&mut only, |k| k == key);
+        assert!(only.is_empty());
     }
 
     #[test]

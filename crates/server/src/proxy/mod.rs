@@ -4,7 +4,9 @@
 //! is resumed first when it asked for auto-resume ([`target`]); a response
 //! still streaming when its sandbox stops is cut off, so the client sees
 //! the connection drop at once. Every other request goes on to the control
-//! API. The agent in the guest checks `X-Access-Token` itself.
+//! API. The agent in the guest checks `X-Access-Token` itself. The node's
+//! API key never reaches a guest, however a client sends it
+//! ([`forward::strip_control_credentials`]).
 
 mod error;
 mod forward;
@@ -30,33 +32,43 @@ pub use signed::SignedFiles;
 pub use target::{ManagerTargets, SandboxTargets, TargetError};
 
 /// Puts the proxy in front of `app`: sandbox requests never reach it.
-pub fn front(app: Router, targets: Arc<dyn SandboxTargets>) -> Router {
-    app.layer(axum::middleware::from_fn_with_state(targets, dispatch))
+/// `control_keys` are the node's API keys, which never go on to a guest.
+pub fn front(
+    app: Router,
+    targets: Arc<dyn SandboxTargets>,
+    control_keys: crate::ApiKeys,
+) -> Router {
+    let front = Front {
+        targets,
+        control_keys,
+    };
+    app.layer(axum::middleware::from_fn_with_state(front, dispatch))
 }
 
-async fn dispatch(
-    State(targets): State<Arc<dyn SandboxTargets>>,
-    req: Request,
-    next: Next,
-) -> Response {
-    match route_of(req.headers(), req.uri()) {
-        Ok(None) => match signed_route(
-            targets.as_ref(),
-            signed::SignedFiles::of(req.method(), req.uri()),
-        )
-        .await
-        {
-            Some(route) => match proxy(targets.as_ref(), route, req).await {
-                Ok(resp) => resp,
-                Err(e) => e.into_response(),
-            },
-            None => next.run(req).await,
-        },
-        Ok(Some(route)) => match proxy(targets.as_ref(), route, req).await {
-            Ok(resp) => resp,
-            Err(e) => e.into_response(),
-        },
-        Err(e) => ProxyError::from(e).into_response(),
+#[derive(Clone)]
+struct Front {
+    targets: Arc<dyn SandboxTargets>,
+    control_keys: crate::ApiKeys,
+}
+
+async fn dispatch(State(front): State<Front>, mut req: Request, next: Next) -> Response {
+    let targets = front.targets.as_ref();
+    let route = match route_of(req.headers(), req.uri()) {
+        Ok(Some(route)) => route,
+        Ok(None) => {
+            let signed = signed::SignedFiles::of(req.method(), req.uri());
+            match signed_route(targets, signed).await {
+                Some(route) => route,
+                None => return next.run(req).await,
+            }
+        }
+        Err(e) => return ProxyError::from(e).into_response(),
+    };
+    // The node's key is for the control API: a guest never sees it.
+    forward::strip_control_credentials(req.headers_mut(), |k| front.control_keys.accepts(k));
+    match proxy(targets, route, req).await {
+        Ok(resp) => resp,
+        Err(e) => e.into_response(),
     }
 }
 
