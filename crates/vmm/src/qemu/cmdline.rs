@@ -83,7 +83,12 @@ pub fn build_argv(spec: &LaunchSpec, accel: Accel, machine: &str) -> Vec<OsStrin
     if spec.serial_log {
         a.pair(
             "-chardev",
-            opt("file,id=ser0,path=", spec.serial_log_path().as_os_str()),
+            // append: the log is emptied when it grows past its cap
+            // (`serial_cap`), and QEMU's next write must land at the start.
+            append_opt(
+                opt("file,id=ser0,path=", spec.serial_log_path().as_os_str()),
+                ",append=on",
+            ),
         );
     } else {
         a.pair("-chardev", "null,id=ser0");
@@ -135,6 +140,11 @@ pub fn build_argv(spec: &LaunchSpec, accel: Accel, machine: &str) -> Vec<OsStrin
         a.pair("-incoming", "defer");
     }
     a.0
+}
+
+fn append_opt(mut value: OsString, more: &str) -> OsString {
+    value.push(more);
+    value
 }
 
 #[derive(Default)]
@@ -205,7 +215,7 @@ mod tests {
         assert_eq!(value_of(&argv, "-append"), ["console=ttyS0 quiet"]);
         assert_eq!(
             value_of(&argv, "-chardev"),
-            ["file,id=ser0,path=/run/siesta/vm1/serial.log"]
+            ["file,id=ser0,path=/run/siesta/vm1/serial.log,append=on"]
         );
         assert_eq!(value_of(&argv, "-serial"), ["chardev:ser0"]);
         assert_eq!(

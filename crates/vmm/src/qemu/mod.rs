@@ -14,6 +14,7 @@ mod hashing_writer;
 pub mod process;
 pub mod qmp;
 pub mod ram_frame;
+pub mod serial_cap;
 pub mod stream;
 
 use std::fs::{File, OpenOptions};
@@ -271,6 +272,9 @@ impl Vmm for QemuVmm {
             gone: false,
             image_nodes: 1,
             ignore_shared: None,
+            _serial_cap: spec
+                .serial_log
+                .then(|| serial_cap::watch(spec.serial_log_path(), serial_cap::SERIAL_LOG_CAP)),
         };
         if spec.mode == LaunchMode::Incoming {
             // Ahead of the restore, which then skips the command when the
@@ -296,6 +300,8 @@ pub struct QemuInstance {
     image_nodes: u32,
     /// What `x-ignore-shared` was last set to (with `events` on), if set.
     ignore_shared: Option<bool>,
+    /// Keeps the console log bounded while the VM lives.
+    _serial_cap: Option<serial_cap::Watch>,
 }
 
 /// Runs a QMP call; on failure returns the error from the enclosing
