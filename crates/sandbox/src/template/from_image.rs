@@ -9,11 +9,12 @@
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use siesta_image::{BlobStore, FetchOptions, Image, ImageSource};
+use siesta_image::{BlobStore, FetchOptions, Image, ImageLimits, ImageSource};
 
 use super::derive::{BuildLog, BuildPhase, LogLevel};
+use super::guest_tree::GuestTree;
 use super::record::TemplateDefaults;
 use crate::error::{Error, IoContext, Result};
 use crate::node::Node;
@@ -103,31 +104,19 @@ pub(super) async fn write_disk(
             agent.display()
         )));
     }
-    let store = store.clone();
+    let (store, image_c) = (store.clone(), image.clone());
     let root = work.join("rootfs");
-    let layers = image.layers.clone();
-    let (root_c, image_c) = (root.clone(), image.clone());
-    let prepared =
-        tokio::task::spawn_blocking(move || -> Result<(TemplateDefaults, Vec<String>, Usage)> {
-            siesta_image::unpack_layers(
-                &store,
-                &layers,
-                &root_c,
-                &siesta_image::ImageLimits::DEFAULT,
-            )?;
-            let notes = prepare_guest(&root_c, &agent)?;
-            let defaults = defaults_of(&image_c, &root_c);
-            Ok((defaults, notes, usage(&root_c)?))
-        })
-        .await
-        .map_err(|e| Error::Invalid(format!("unpacking the image stopped: {e}")))?;
-    let (defaults, notes, used) = match prepared {
-        Ok(p) => p,
-        Err(e) => {
-            let _ = std::fs::remove_dir_all(&root);
-            return Err(e);
-        }
-    };
+    let root_c = root.clone();
+    let limits = siesta_image::ImageLimits::DEFAULT;
+    let Prepared {
+        defaults,
+        notes,
+        used,
+    } = tokio::task::spawn_blocking(move || {
+        unpack_and_prepare(&store, &image_c, &root_c, &agent, &limits)
+    })
+    .await
+    .map_err(|e| Error::Invalid(format!("unpacking the image stopped: {e}")))??;
     for note in notes {
         log(LogLevel::Warn, &BuildPhase::Base, &note);
     }
@@ -145,6 +134,39 @@ pub(super) async fn write_disk(
     let _ = tokio::fs::remove_dir_all(&root).await;
     made?;
     Ok(defaults)
+}
+
+/// An image unpacked and made a guest: its defaults, notes for the build
+/// log, and what its files use.
+struct Prepared {
+    defaults: TemplateDefaults,
+    notes: Vec<String>,
+    used: Usage,
+}
+
+/// Applies `image`'s layers to `root` (within `limits`) and makes the tree
+/// a guest; on an error nothing is left at `root`.
+fn unpack_and_prepare(
+    store: &BlobStore,
+    image: &Image,
+    root: &Path,
+    agent: &Path,
+    limits: &ImageLimits,
+) -> Result<Prepared> {
+    let prepared = (|| {
+        siesta_image::unpack_layers(store, &image.layers, root, limits)?;
+        let notes = prepare_guest(root, agent)?;
+        let passwd = table(&GuestTree::open(root)?, "etc/passwd")?;
+        Ok(Prepared {
+            defaults: defaults_of(image, &passwd),
+            notes,
+            used: usage(root)?,
+        })
+    })();
+    if prepared.is_err() {
+        let _ = std::fs::remove_dir_all(root);
+    }
+    prepared
 }
 
 /// The disk size in MiB: the one asked for (refused when the image does
@@ -226,55 +248,20 @@ async fn mkfs(root: &Path, disk: &Path, size_mib: u64, inodes: u64) -> Result<()
     Ok(())
 }
 
-/// `root/rel`, its parent directories made, refusing a path that resolves
-/// outside `root` through an absolute or escaping symbolic link in the
-/// image. Each directory is checked before anything is made inside it.
-fn guest_path(root: &Path, rel: &str) -> Result<PathBuf> {
-    let rel = Path::new(rel);
-    if let Some(parent) = rel.parent() {
-        guest_dir(root, parent)?;
-    }
-    Ok(root.join(rel))
-}
-
-/// `root/rel` as a directory inside `root`, made where missing.
-fn guest_dir(root: &Path, rel: &Path) -> Result<PathBuf> {
-    let canon_root = root.canonicalize().ctx("resolving the guest tree", root)?;
-    let mut dir = root.to_path_buf();
-    for part in rel.components() {
-        dir.push(part);
-        if std::fs::symlink_metadata(&dir).is_err() {
-            std::fs::create_dir(&dir).ctx("creating a directory in the guest tree", &dir)?;
-        }
-        let canon = dir
-            .canonicalize()
-            .ctx("resolving a guest directory", &dir)?;
-        if !canon.starts_with(&canon_root) {
-            return Err(Error::Invalid(format!(
-                "the image's /{} leads outside the image (a symbolic link to {}); siesta cannot add its files there",
-                dir.strip_prefix(root).unwrap_or(&dir).display(),
-                canon.display()
-            )));
-        }
-    }
-    Ok(dir)
-}
-
-/// Replaces whatever is at `rel` (a link included) with `content`.
-fn write_guest_file(root: &Path, rel: &str, content: &[u8], mode: u32) -> Result<()> {
-    let path = guest_path(root, rel)?;
-    if std::fs::symlink_metadata(&path).is_ok() {
-        std::fs::remove_file(&path).ctx("replacing a guest file", &path)?;
-    }
-    std::fs::write(&path, content).ctx("writing a guest file", &path)?;
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))
-        .ctx("setting the mode of a guest file", &path)?;
-    std::os::unix::fs::lchown(&path, Some(0), Some(0))
-        .ctx("setting the owner of a guest file", &path)
-}
-
 /// Makes the unpacked tree a siesta guest; returns notes for the build log.
+///
+/// Every access goes through [`GuestTree`], so a link in the image can
+/// never lead a write to the host. The files siesta owns (the agent,
+/// `/etc/hostname`, `/etc/hosts`, `/etc/resolv.conf`, `/etc/machine-id`,
+/// the sudoers drop-in, a stand-in `/bin/bash`) replace whatever entry the
+/// image has there, a link included. The account files (`/etc/passwd`,
+/// `/etc/group`, `/etc/shadow`) are the image's: a link among them is
+/// followed inside the image, as the guest would, and the file it leads to
+/// is appended to; when that is not a regular file (a directory, a pipe, a
+/// link to nothing in the image) the build fails naming it, rather than
+/// guess which file the image meant.
 fn prepare_guest(root: &Path, agent: &Path) -> Result<Vec<String>> {
+    let tree = GuestTree::open(root)?;
     let mut notes = Vec::new();
     for (dir, mode) in [
         ("proc", 0o555),
@@ -285,18 +272,17 @@ fn prepare_guest(root: &Path, agent: &Path) -> Result<Vec<String>> {
         ("var/tmp", 0o1777),
         ("root", 0o700),
     ] {
-        if std::fs::symlink_metadata(root.join(dir)).is_err() {
-            let p = guest_dir(root, Path::new(dir))?;
-            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode))
-                .ctx("setting the mode of a guest directory", &p)?;
+        if !tree.present(dir) {
+            tree.dir(dir)?
+                .set_permissions(std::fs::Permissions::from_mode(mode))
+                .ctx("setting the mode of a guest directory", root.join(dir))?;
         }
     }
     let agent_bytes = std::fs::read(agent).ctx("reading the guest agent", agent)?;
-    write_guest_file(root, "usr/local/bin/siesta-agent", &agent_bytes, 0o755)?;
+    tree.replace_file("usr/local/bin/siesta-agent", &agent_bytes, 0o755)?;
     let host = "siesta";
-    write_guest_file(root, "etc/hostname", format!("{host}\n").as_bytes(), 0o644)?;
-    write_guest_file(
-        root,
+    tree.replace_file("etc/hostname", format!("{host}\n").as_bytes(), 0o644)?;
+    tree.replace_file(
         "etc/hosts",
         format!(
             "127.0.0.1\tlocalhost\n127.0.1.1\t{host}\n::1\tlocalhost ip6-localhost ip6-loopback\n"
@@ -305,11 +291,11 @@ fn prepare_guest(root: &Path, agent: &Path) -> Result<Vec<String>> {
         0o644,
     )?;
     // The runtime writes the guest's resolver; a link into /run would dangle.
-    write_guest_file(root, "etc/resolv.conf", b"", 0o644)?;
-    write_guest_file(root, "etc/machine-id", b"", 0o444)?;
-    if !exists_in(root, "bin/bash") && !exists_in(root, "usr/bin/bash") {
-        if exists_in(root, "bin/sh") {
-            write_guest_file(root, "bin/bash", b"#!/bin/sh\nexec /bin/sh \"$@\"\n", 0o755)?;
+    tree.replace_file("etc/resolv.conf", b"", 0o644)?;
+    tree.replace_file("etc/machine-id", b"", 0o444)?;
+    if !tree.exists("bin/bash") && !tree.exists("usr/bin/bash") {
+        if tree.exists("bin/sh") {
+            tree.replace_file("bin/bash", b"#!/bin/sh\nexec /bin/sh \"$@\"\n", 0o755)?;
             notes.push("the image has no bash: /bin/bash runs /bin/sh (the SDK runs commands with bash -l -c)".into());
         } else {
             notes.push(
@@ -317,63 +303,31 @@ fn prepare_guest(root: &Path, agent: &Path) -> Result<Vec<String>> {
             );
         }
     }
-    notes.extend(ensure_user(root)?);
+    notes.extend(ensure_user(&tree)?);
     Ok(notes)
 }
 
-/// Whether `rel` exists in the tree, following links inside it.
-fn exists_in(root: &Path, rel: &str) -> bool {
-    let mut p = root.join(rel);
-    for _ in 0..16 {
-        match std::fs::symlink_metadata(&p) {
-            Ok(m) if m.file_type().is_symlink() => match std::fs::read_link(&p) {
-                Ok(t) if t.is_absolute() => p = root.join(t.strip_prefix("/").unwrap_or(&t)),
-                Ok(t) => p = p.parent().unwrap_or(root).join(t),
-                Err(_) => return false,
-            },
-            Ok(_) => return true,
-            Err(_) => return false,
-        }
-    }
-    false
-}
+/// The most of an account file read: real ones are a few KiB.
+const ACCOUNT_FILE_MAX: u64 = 16 << 20;
 
-/// Lines of `/etc/passwd` (or `group`) as fields.
-fn table(root: &Path, rel: &str) -> Vec<Vec<String>> {
-    std::fs::read_to_string(root.join(rel))
-        .unwrap_or_default()
+/// Lines of `/etc/passwd` (or `group`) as fields; none when it is missing.
+fn table(tree: &GuestTree, rel: &str) -> Result<Vec<Vec<String>>> {
+    let bytes = tree.read_file(rel, ACCOUNT_FILE_MAX)?.unwrap_or_default();
+    Ok(String::from_utf8_lossy(&bytes)
         .lines()
         .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
         .map(|l| l.split(':').map(str::to_string).collect())
-        .collect()
-}
-
-fn append_line(root: &Path, rel: &str, line: &str) -> Result<()> {
-    use std::io::Write;
-    let path = guest_path(root, rel)?;
-    let mut text = std::fs::read_to_string(&path).unwrap_or_default();
-    if !text.is_empty() && !text.ends_with('\n') {
-        text.push('\n');
-    }
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .write(true)
-        .truncate(true)
-        .open(&path)
-        .ctx("writing a guest account file", &path)?;
-    f.write_all(text.as_bytes())
-        .and_then(|()| writeln!(f, "{line}"))
-        .ctx("writing a guest account file", &path)
+        .collect())
 }
 
 /// Creates user `user` (uid 1000, or the first free uid above it; home
 /// `/home/user`; passwordless sudo) when the image has none.
-fn ensure_user(root: &Path) -> Result<Vec<String>> {
-    let passwd = table(root, "etc/passwd");
+fn ensure_user(tree: &GuestTree) -> Result<Vec<String>> {
+    let passwd = table(tree, "etc/passwd")?;
     if passwd.iter().any(|f| f[0] == "user") {
         return Ok(Vec::new());
     }
-    let groups = table(root, "etc/group");
+    let groups = table(tree, "etc/group")?;
     let taken = |t: &[Vec<String>], id: u32| {
         t.iter()
             .any(|f| f.get(2).is_some_and(|v| v == &id.to_string()))
@@ -384,32 +338,34 @@ fn ensure_user(root: &Path) -> Result<Vec<String>> {
     } else {
         uid
     };
-    let shell = if exists_in(root, "bin/bash") {
+    let shell = if tree.exists("bin/bash") {
         "/bin/bash"
     } else {
         "/bin/sh"
     };
-    append_line(
-        root,
+    tree.append_line(
         "etc/passwd",
         &format!("user:x:{uid}:{gid}:user:/home/user:{shell}"),
+        0o644,
     )?;
-    append_line(root, "etc/group", &format!("user:x:{gid}:"))?;
-    if root.join("etc/shadow").exists() {
-        append_line(root, "etc/shadow", "user:*:19000:0:99999:7:::")?;
+    tree.append_line("etc/group", &format!("user:x:{gid}:"), 0o644)?;
+    // Only where the image keeps one; a shadow-less image has none made.
+    if tree.exists("etc/shadow") {
+        tree.append_line("etc/shadow", "user:*:19000:0:99999:7:::", 0o640)?;
     }
-    let home = guest_dir(root, Path::new("home/user"))?;
-    std::os::unix::fs::lchown(&home, Some(uid), Some(gid)).ctx("setting the owner of", &home)?;
-    std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o755))
-        .ctx("setting the mode of", &home)?;
-    write_guest_file(
-        root,
+    let home = tree.dir("home/user")?;
+    let home_path = tree.host_path("home/user");
+    std::os::unix::fs::fchown(&home, Some(uid), Some(gid))
+        .ctx("setting the owner of", &home_path)?;
+    home.set_permissions(std::fs::Permissions::from_mode(0o755))
+        .ctx("setting the mode of", &home_path)?;
+    tree.replace_file(
         "etc/sudoers.d/90-siesta-user",
         b"user ALL=(ALL:ALL) NOPASSWD: ALL\n",
         0o440,
     )?;
     let mut notes = vec![format!("added user `user` (uid {uid}, /home/user)")];
-    if !exists_in(root, "usr/bin/sudo") && !exists_in(root, "bin/sudo") {
+    if !tree.exists("usr/bin/sudo") && !tree.exists("bin/sudo") {
         notes.push("the image has no sudo: `user` cannot become root".into());
     }
     Ok(notes)
@@ -418,9 +374,8 @@ fn ensure_user(root: &Path) -> Result<Vec<String>> {
 /// The template defaults an image's config gives: its environment, its
 /// user (E2B's `user` when it names none), and its working directory (else
 /// that user's home).
-fn defaults_of(image: &Image, root: &Path) -> TemplateDefaults {
+fn defaults_of(image: &Image, passwd: &[Vec<String>]) -> TemplateDefaults {
     let c = &image.config;
-    let passwd = table(root, "etc/passwd");
     let user = match c.user.as_deref().map(|u| u.split(':').next().unwrap_or(u)) {
         None | Some("") => "user".to_string(),
         Some(u) if u.bytes().all(|b| b.is_ascii_digit()) => passwd
@@ -442,6 +397,9 @@ fn defaults_of(image: &Image, root: &Path) -> TemplateDefaults {
         start_cmd: None,
     }
 }
+
+#[cfg(test)]
+mod hostile_trees;
 
 #[cfg(test)]
 mod tests {
@@ -538,7 +496,8 @@ mod tests {
         let agent = dir.path().join("agent");
         std::fs::write(&agent, b"x").unwrap();
         let e = prepare_guest(&root, &agent).unwrap_err().to_string();
-        assert!(e.contains("leads outside the image"), "{e}");
+        assert!(e.contains("/usr/local is a symbolic link to"), "{e}");
+        assert!(e.contains("which is not in the image"), "{e}");
         assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0);
     }
 
@@ -566,14 +525,15 @@ mod tests {
             cached_layers: 0,
             fetched_bytes: 0,
         };
-        let d = defaults_of(&image, root);
+        let passwd = table(&GuestTree::open(root).unwrap(), "etc/passwd").unwrap();
+        let d = defaults_of(&image, &passwd);
         assert_eq!(d.guest.user, "app");
         assert_eq!(d.guest.workdir, "/srv/app");
         assert_eq!(d.env["PATH"], "/opt/bin:/usr/bin");
         let mut plain = image.clone();
         plain.config.user = None;
         plain.config.workdir = Some("/work".into());
-        let d = defaults_of(&plain, root);
+        let d = defaults_of(&plain, &passwd);
         assert_eq!(
             (d.guest.user.as_str(), d.guest.workdir.as_str()),
             ("user", "/work")

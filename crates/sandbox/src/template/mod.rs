@@ -6,6 +6,7 @@ mod build;
 mod derive;
 pub mod dockerfile;
 mod from_image;
+mod guest_tree;
 pub mod integrity;
 mod layered;
 pub(crate) mod manifest;
