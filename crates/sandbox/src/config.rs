@@ -99,6 +99,15 @@ pub struct NodeConfig {
     /// HTTP (`SIESTA_INSECURE_REGISTRIES`, comma-separated); loopback ones
     /// always are.
     pub insecure_registries: Vec<String>,
+    /// Most MiB of one layer an image build pulls
+    /// (`SIESTA_IMAGE_MAX_LAYER_MIB`, default 16384).
+    pub image_max_layer_mib: u64,
+    /// Most MiB the layers of one image unpack to, together
+    /// (`SIESTA_IMAGE_MAX_UNPACKED_MIB`, default 16384).
+    pub image_max_unpacked_mib: u64,
+    /// Most files, directories and links in the layers of one image
+    /// (`SIESTA_IMAGE_MAX_ENTRIES`, default 1000000).
+    pub image_max_entries: u64,
     /// Most MiB the template builds' step cache keeps
     /// (`SIESTA_STEP_CACHE_MIB`, default 16384); the least recently used
     /// layers go first.
@@ -165,6 +174,9 @@ impl NodeConfig {
             memory_return: true,
             ksm_pages_to_scan: None,
             insecure_registries: Vec::new(),
+            image_max_layer_mib: siesta_image::ImageLimits::DEFAULT.max_layer_bytes >> 20,
+            image_max_unpacked_mib: siesta_image::ImageLimits::DEFAULT.max_unpacked_bytes >> 20,
+            image_max_entries: siesta_image::ImageLimits::DEFAULT.max_entries,
             step_cache_mib: 16 << 10,
             fetch_cache_mib: 20 << 10,
             lazy_fetch: true,
@@ -217,6 +229,21 @@ impl NodeConfig {
                 .map(str::to_string)
                 .collect();
         }
+        for (name, field) in [
+            (
+                "SIESTA_IMAGE_MAX_LAYER_MIB",
+                &mut config.image_max_layer_mib,
+            ),
+            (
+                "SIESTA_IMAGE_MAX_UNPACKED_MIB",
+                &mut config.image_max_unpacked_mib,
+            ),
+            ("SIESTA_IMAGE_MAX_ENTRIES", &mut config.image_max_entries),
+        ] {
+            if let Ok(v) = std::env::var(name) {
+                *field = v.parse().map_err(|e| format!("{name}={v:?}: {e}"))?;
+            }
+        }
         if let Ok(mib) = std::env::var("SIESTA_STEP_CACHE_MIB") {
             config.step_cache_mib = mib
                 .parse()
@@ -260,6 +287,17 @@ impl NodeConfig {
                 Some(parse_dns(&dns).map_err(|e| format!("SIESTA_EGRESS_DNS: {e}"))?);
         }
         Ok(config)
+    }
+
+    /// The caps image builds pull and unpack within (docs/templates.md);
+    /// the 4 MiB cap on manifests and configs is fixed.
+    pub fn image_limits(&self) -> siesta_image::ImageLimits {
+        siesta_image::ImageLimits {
+            max_layer_bytes: self.image_max_layer_mib.saturating_mul(1 << 20),
+            max_unpacked_bytes: self.image_max_unpacked_mib.saturating_mul(1 << 20),
+            max_entries: self.image_max_entries,
+            ..siesta_image::ImageLimits::DEFAULT
+        }
     }
 
     pub fn layout(&self) -> crate::layout::Layout {

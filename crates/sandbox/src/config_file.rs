@@ -68,6 +68,9 @@ pub struct NodeSection {
     pub memory_return: Option<bool>,
     pub ksm_pages_to_scan: Option<u32>,
     pub insecure_registries: Option<Vec<String>>,
+    pub image_max_layer_mib: Option<u64>,
+    pub image_max_unpacked_mib: Option<u64>,
+    pub image_max_entries: Option<u64>,
     pub step_cache_mib: Option<u64>,
     pub fetch_cache_mib: Option<u64>,
     pub lazy_fetch: Option<bool>,
@@ -145,6 +148,12 @@ impl ConfigFile {
             config.ksm_pages_to_scan = n.ksm_pages_to_scan;
         }
         set(&mut config.insecure_registries, &n.insecure_registries);
+        set(&mut config.image_max_layer_mib, &n.image_max_layer_mib);
+        set(
+            &mut config.image_max_unpacked_mib,
+            &n.image_max_unpacked_mib,
+        );
+        set(&mut config.image_max_entries, &n.image_max_entries);
         set(&mut config.step_cache_mib, &n.step_cache_mib);
         set(&mut config.fetch_cache_mib, &n.fetch_cache_mib);
         set(&mut config.lazy_fetch, &n.lazy_fetch);
@@ -202,6 +211,20 @@ fn guest_boundary(nets: &[String]) -> Result<siesta_net::Boundary, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn image_limits_come_from_the_file_or_default() {
+        let mut config = NodeConfig::new("/tmp/h");
+        assert_eq!(config.image_limits(), siesta_image::ImageLimits::DEFAULT);
+        ConfigFile::parse("[node]\nimage_max_unpacked_mib = 2048\nimage_max_entries = 5000\n")
+            .unwrap()
+            .apply(&mut config)
+            .unwrap();
+        let limits = config.image_limits();
+        assert_eq!(limits.max_unpacked_bytes, 2 << 30);
+        assert_eq!(limits.max_entries, 5000);
+        assert_eq!(limits.max_layer_bytes, 16 << 30);
+    }
 
     #[test]
     fn the_file_sets_what_it_names_and_leaves_the_rest() {

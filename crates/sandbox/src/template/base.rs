@@ -43,7 +43,7 @@ impl Base {
                 let opts = siesta_image::FetchOptions {
                     credentials: credentials.clone(),
                     insecure_registries: node.config.insecure_registries.clone(),
-                    limits: siesta_image::ImageLimits::DEFAULT,
+                    limits: node.config.image_limits(),
                 };
                 let store = from_image::open_cache(node)?;
                 let image = from_image::fetch(&store, &parsed, &opts, log).await?;

@@ -107,7 +107,7 @@ pub(super) async fn write_disk(
     let (store, image_c) = (store.clone(), image.clone());
     let root = work.join("rootfs");
     let root_c = root.clone();
-    let limits = siesta_image::ImageLimits::DEFAULT;
+    let limits = node.config.image_limits();
     let Prepared {
         defaults,
         notes,
