@@ -1,5 +1,6 @@
 """Pause and resume (connect) with files and processes intact."""
 
+import httpx
 import pytest
 from e2b import Sandbox, SandboxState, TimeoutException
 
@@ -63,7 +64,13 @@ def test_envd_request_resumes_a_sandbox_with_auto_resume(siesta):
         box.files.write("/home/user/state.txt", "wake-me")
         assert box.pause() is True
         assert Sandbox.get_info(box.sandbox_id).state == SandboxState.PAUSED
-        # No connect: the front door resumes it for the request.
+        # Its id alone, without its access token, neither wakes it nor keeps
+        # it awake: 401, and it stays paused.
+        for path in ["/health", "/files?path=/home/user/state.txt"]:
+            r = httpx.get(f"{siesta.url}{path}", headers={"E2b-Sandbox-Id": box.sandbox_id})
+            assert r.status_code == 401, r.text
+        assert Sandbox.get_info(box.sandbox_id).state == SandboxState.PAUSED
+        # No connect: the front door resumes it for the SDK's request.
         assert box.files.read("/home/user/state.txt") == "wake-me"
         assert Sandbox.get_info(box.sandbox_id).state == SandboxState.RUNNING
     finally:

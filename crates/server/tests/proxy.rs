@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use axum::Router;
 use futures::StreamExt;
-use siesta_server::proxy::{self, SandboxTargets, TargetError};
+use siesta_server::proxy::{self, SandboxTargets, Target, TargetError, TargetState};
 
 const TOKEN: &str = "test-token";
 /// The node's API key (for the control API, never for a guest).
@@ -23,13 +23,23 @@ struct Loopback;
 
 #[async_trait::async_trait]
 impl SandboxTargets for Loopback {
-    async fn address(&self, id: &str) -> Result<IpAddr, TargetError> {
+    async fn target(&self, id: &str) -> Result<Target, TargetError> {
         match id {
-            "sbx1" => Ok(IpAddr::from([127, 0, 0, 1])),
+            "sbx1" => Ok(Target {
+                state: TargetState::Running(LOOPBACK),
+                access_token: TOKEN.into(),
+                traffic_token: None,
+            }),
             _ => Err(TargetError::NotFound { id: id.into() }),
         }
     }
+
+    async fn resume(&self, id: &str) -> Result<Option<IpAddr>, TargetError> {
+        panic!("nothing is paused here, yet {id} was resumed")
+    }
 }
+
+const LOOPBACK: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
 
 struct Harness {
     _guest: tempfile::TempDir,
@@ -43,6 +53,11 @@ struct Harness {
 
 impl Harness {
     async fn start() -> Harness {
+        Self::with(Arc::new(Loopback)).await
+    }
+
+    /// The agent and a front door to `targets`.
+    async fn with(targets: Arc<dyn SandboxTargets>) -> Harness {
         let guest = tempfile::tempdir().unwrap();
         let root = guest.path();
         let home = root.join("home/user");
@@ -68,7 +83,7 @@ impl Harness {
 
         let control = Router::new().fallback(|| async { "control api" });
         let keys = siesta_server::ApiKeys::single(KEY);
-        let app = proxy::front(control, Arc::new(Loopback), keys);
+        let app = proxy::front(control, targets, keys);
         let front = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", front.local_addr().unwrap());
         tokio::spawn(async move { axum::serve(front, app).await });

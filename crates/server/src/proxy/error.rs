@@ -1,7 +1,9 @@
 //! What the proxy answers when it cannot forward: JSON
 //! `{"code","message","sandboxId"?}` like the rest of the API, 502 for a
 //! sandbox or port that cannot be reached (the SDK reads the message, see
-//! `e2b-contract.md` §3.1), 400 for a request that names a sandbox wrongly.
+//! `e2b-contract.md` §3.1), 400 for a request that names a sandbox wrongly,
+//! 401 for a request to a paused sandbox's envd without its token, 403
+//! for a private port without the traffic token.
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -47,6 +49,10 @@ impl ProxyError {
         match self {
             ProxyError::Route(_) | ProxyError::BadRequest { .. } => StatusCode::BAD_REQUEST,
             ProxyError::TrafficToken { .. } => StatusCode::FORBIDDEN,
+            ProxyError::Target {
+                source: TargetError::Unauthorized { .. },
+                ..
+            } => StatusCode::UNAUTHORIZED,
             ProxyError::Target { .. }
             | ProxyError::PortNotOpen { .. }
             | ProxyError::Upstream { .. } => StatusCode::BAD_GATEWAY,
@@ -76,6 +82,7 @@ impl IntoResponse for ProxyError {
                     TargetError::NotFound { .. }
                     | TargetError::Dead { .. }
                     | TargetError::Paused { .. }
+                    | TargetError::Unauthorized { .. }
                     | TargetError::Stopped { .. },
                 ..
             }

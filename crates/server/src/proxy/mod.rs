@@ -1,11 +1,12 @@
 //! The envd front door: requests for a sandbox (by `E2b-Sandbox-Id` header
 //! or `{port}-{sandboxID}.{domain}` host, see [`route`]) are forwarded to
-//! that sandbox's port, streaming both ways ([`forward`]); a paused sandbox
-//! is resumed first when it asked for auto-resume ([`target`]); a response
-//! still streaming when its sandbox stops is cut off, so the client sees
-//! the connection drop at once. Every other request goes on to the control
-//! API. The agent in the guest checks `X-Access-Token` itself. The node's
-//! API key never reaches a guest, however a client sends it
+//! that sandbox's port, streaming both ways ([`forward`]). A paused sandbox
+//! is resumed first when it asked for auto-resume ([`target`]) and the
+//! request is one it would accept ([`wake`]). A response still streaming
+//! when its sandbox stops is cut off, so the client sees the connection
+//! drop at once. Every other request goes on to the control API. The agent
+//! in the guest checks `X-Access-Token` itself. The node's API key never
+//! reaches a guest, however a client sends it
 //! ([`forward::strip_control_credentials`]).
 
 mod error;
@@ -14,6 +15,7 @@ mod route;
 mod signed;
 mod target;
 mod upgrade;
+mod wake;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -29,7 +31,8 @@ pub use route::{
     route_of, route_of_host, Route, ENVD_PORT, SANDBOX_ID_HEADER, SANDBOX_PORT_HEADER,
 };
 pub use signed::SignedFiles;
-pub use target::{ManagerTargets, SandboxTargets, TargetError};
+pub use target::{ManagerTargets, SandboxTargets, Target, TargetError, TargetState};
+pub use wake::TRAFFIC_TOKEN_HEADER;
 
 /// Puts the proxy in front of `app`: sandbox requests never reach it.
 /// `control_keys` are the node's API keys, which never go on to a guest.
@@ -86,53 +89,16 @@ async fn signed_route(
     })
 }
 
-/// The header that carries a sandbox's traffic access token.
-pub const TRAFFIC_TOKEN_HEADER: &str = "e2b-traffic-access-token";
-
-/// Requests to a private sandbox's ports (all but envd's, which checks its
-/// own access token) must carry its traffic access token.
-async fn check_traffic_token(
-    targets: &dyn SandboxTargets,
-    route: &Route,
-    headers: &axum::http::HeaderMap,
-) -> Result<(), ProxyError> {
-    if route.port == ENVD_PORT {
-        return Ok(());
-    }
-    let Some(want) = targets.traffic_token(&route.sandbox_id).await else {
-        return Ok(());
-    };
-    let given = headers
-        .get(TRAFFIC_TOKEN_HEADER)
-        .map(|v| v.as_bytes())
-        .unwrap_or_default();
-    if siesta_envd_proto::secrets_match(given, want.as_bytes()) {
-        Ok(())
-    } else {
-        Err(ProxyError::TrafficToken {
-            id: route.sandbox_id.clone(),
-            port: route.port,
-        })
-    }
-}
-
 async fn proxy(
     targets: &dyn SandboxTargets,
     route: Route,
     req: Request,
 ) -> Result<Response, ProxyError> {
-    // Before anything else: a request without the token neither reaches a
-    // private port nor wakes a paused sandbox.
-    check_traffic_token(targets, &route, req.headers()).await?;
     // Before the look-up: a stop announced after it is not missed.
     let mut stopped = targets.stopped();
-    let ip = targets
-        .address(&route.sandbox_id)
-        .await
-        .map_err(|source| ProxyError::Target {
-            id: route.sandbox_id.clone(),
-            source,
-        })?;
+    // A request without the sandbox's token neither reaches a private port
+    // nor wakes a paused sandbox.
+    let ip = wake::reach(targets, &route, &wake::Credentials::of(&req)).await?;
     let conn = req
         .extensions()
         .get::<axum::extract::ConnectInfo<crate::conn::ConnHandle>>()

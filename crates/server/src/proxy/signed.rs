@@ -52,6 +52,13 @@ impl SignedFiles {
         (!out.signature.is_empty()).then_some(out)
     }
 
+    /// True when the URL carries an expiration earlier than `now` (Unix
+    /// seconds). The agent refuses such a URL; the front door does not
+    /// wake a sandbox for it.
+    pub fn expired(&self, now: i64) -> bool {
+        self.expiration.is_some_and(|exp| exp < now)
+    }
+
     /// True if `token` (a sandbox's access token) made this signature.
     /// Compared in constant time: an early exit on the first wrong byte
     /// would let a client find a valid signature byte by byte.

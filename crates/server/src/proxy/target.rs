@@ -1,5 +1,5 @@
-//! Where a sandbox is: the address at which this host reaches it, resuming
-//! it first when it is paused and asked for that (E2B's `autoResume`).
+//! Where a sandbox is: the address at which this host reaches it, or that
+//! it is paused, and resuming it (E2B's `autoResume`) when the proxy asks.
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -25,6 +25,10 @@ pub enum TargetError {
     /// `is_running()` reads the 502 as "not running", which it is.
     #[error("The sandbox {id} was not found running: it is paused (Sandbox.connect() resumes it; create it with auto-resume to resume on traffic)")]
     Paused { id: String },
+    /// Paused, and the request does not show its envd access token: it
+    /// neither wakes it nor learns more.
+    #[error("The sandbox {id} is paused: only a request with its access token (X-Access-Token, or a signed URL) resumes it")]
+    Unauthorized { id: String },
     /// Paused or killed while a request to it waited for an answer.
     #[error(
         "The sandbox {id} was not found running: it stopped (paused or killed) before it answered"
@@ -32,24 +36,41 @@ pub enum TargetError {
     Stopped { id: String },
 }
 
-/// Looks sandboxes up for the proxy.
+/// A sandbox as the front door sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    pub state: TargetState,
+    /// Its envd access token: what a request to envd's port must show to
+    /// wake it when it is paused.
+    pub access_token: String,
+    /// The token requests to its other ports must carry, if it has one
+    /// (E2B's `allowPublicTraffic: false`).
+    pub traffic_token: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TargetState {
+    /// Running: every port at this address reaches the guest.
+    Running(IpAddr),
+    /// Paused; `auto_resume`: traffic may resume it (E2B's `autoResume`).
+    Paused { auto_resume: bool },
+}
+
+/// Looks sandboxes up for the proxy. What may wake a paused one is decided
+/// by the proxy, not here.
 #[async_trait::async_trait]
 pub trait SandboxTargets: Send + Sync + 'static {
-    /// The IP address of running sandbox `id` (every port on it reaches the
-    /// guest), after resuming it if it was paused.
-    async fn address(&self, id: &str) -> Result<IpAddr, TargetError>;
+    /// Sandbox `id`: running (and where) or paused, and its tokens.
+    async fn target(&self, id: &str) -> Result<Target, TargetError>;
+
+    /// Resumes paused sandbox `id` and returns its address; `None` when it
+    /// was no longer paused (another request resumed it): look again.
+    async fn resume(&self, id: &str) -> Result<Option<IpAddr>, TargetError>;
 
     /// Ids of sandboxes whose VM stops from now on: streams to them end
     /// when theirs does. By default nothing ever stops.
     fn stopped(&self) -> tokio::sync::broadcast::Receiver<String> {
         tokio::sync::broadcast::channel(1).1
-    }
-
-    /// The traffic access token that requests to sandbox `id`'s ports must
-    /// carry, if it has one (E2B's `allowPublicTraffic: false`). By default
-    /// none.
-    async fn traffic_token(&self, _id: &str) -> Option<String> {
-        None
     }
 
     /// The sandbox whose access token made `signed` (a signed file URL
@@ -64,53 +85,48 @@ pub struct ManagerTargets(pub Arc<SandboxManager>);
 
 #[async_trait::async_trait]
 impl SandboxTargets for ManagerTargets {
-    async fn address(&self, id: &str) -> Result<IpAddr, TargetError> {
-        let not_found = || TargetError::NotFound { id: id.to_string() };
-        // Two rounds: a concurrent request may resume the sandbox between
-        // our look-up and our resume, which then reports the wrong state.
-        for _ in 0..2 {
-            let info = match self.0.get(id).await {
-                Ok(info) => info,
-                Err(Error::SandboxNotFound { .. }) => return Err(not_found()),
-                Err(e) => return Err(unavailable(id, e)),
-            };
-            if info.state == SandboxState::Dead {
-                return Err(TargetError::Dead { id: id.to_string() });
+    async fn target(&self, id: &str) -> Result<Target, TargetError> {
+        let info = match self.0.get(id).await {
+            Ok(info) => info,
+            Err(Error::SandboxNotFound { .. }) => {
+                return Err(TargetError::NotFound { id: id.to_string() })
             }
+            Err(e) => return Err(unavailable(id, e)),
+        };
+        let state = match info.state {
+            SandboxState::Dead => return Err(TargetError::Dead { id: id.to_string() }),
+            SandboxState::Running => TargetState::Running(running_address(id, info.agent_addr)?),
             // A disk-only pause comes back by a cold boot, which only an
             // explicit connect asks for (as in E2B).
-            let auto = info.lifecycle.auto_resume && !info.paused_disk_only;
-            if info.state == SandboxState::Paused && !auto {
-                return Err(TargetError::Paused { id: id.to_string() });
-            }
-            if info.state == SandboxState::Paused {
-                tracing::info!(
-                    sandbox = id,
-                    "auto-resuming paused sandbox for a proxied request"
-                );
-                match self.0.resume(id).await {
-                    Ok(info) => return running_address(id, info.agent_addr),
-                    Err(Error::SandboxNotFound { .. }) => return Err(not_found()),
-                    Err(Error::WrongState { .. }) => continue,
-                    Err(e) => {
-                        return Err(TargetError::ResumeFailed {
-                            id: id.to_string(),
-                            detail: e.to_string(),
-                        })
-                    }
-                }
-            }
-            return running_address(id, info.agent_addr);
+            SandboxState::Paused => TargetState::Paused {
+                auto_resume: info.lifecycle.auto_resume && !info.paused_disk_only,
+            },
+        };
+        Ok(Target {
+            state,
+            access_token: info.access_token,
+            traffic_token: info.traffic_token,
+        })
+    }
+
+    async fn resume(&self, id: &str) -> Result<Option<IpAddr>, TargetError> {
+        tracing::info!(
+            sandbox = id,
+            "auto-resuming paused sandbox for a proxied request"
+        );
+        match self.0.resume(id).await {
+            Ok(info) => running_address(id, info.agent_addr).map(Some),
+            Err(Error::SandboxNotFound { .. }) => Err(TargetError::NotFound { id: id.to_string() }),
+            Err(Error::WrongState { .. }) => Ok(None),
+            Err(e) => Err(TargetError::ResumeFailed {
+                id: id.to_string(),
+                detail: e.to_string(),
+            }),
         }
-        Err(unavailable(id, "its state keeps changing"))
     }
 
     fn stopped(&self) -> tokio::sync::broadcast::Receiver<String> {
         self.0.node().subscribe_stopped()
-    }
-
-    async fn traffic_token(&self, id: &str) -> Option<String> {
-        self.0.get(id).await.ok()?.traffic_token
     }
 
     async fn signed_by(&self, signed: &super::SignedFiles) -> Option<String> {
