@@ -254,6 +254,7 @@ fn unpack_entries(blob: &Path, root: &Path, stats: &mut UnpackStats, cap: u64) -
             continue;
         }
         let target = inside(root, &parts)?;
+        implied_parents(root, &parts)?;
         replace_other_kind(&target, kind.is_dir())?;
         let unpacked = entry.unpack_in(root).map_err(|e| {
             LayerError::Bad(format!("unpacking /{}: {}", parts.join("/"), chain(&e)))
@@ -265,6 +266,25 @@ fn unpack_entries(blob: &Path, root: &Path, stats: &mut UnpackStats, cap: u64) -
             )));
         }
         stats.entries += 1;
+    }
+    Ok(())
+}
+
+/// Creates the parents of an entry that no entry of the layer listed, as
+/// 0755 directories (an image's `/usr/local` may exist only as the parent
+/// of its files). The tar crate would create them with the process's
+/// umask, which is 077 in siesta: the guest's `user` could not enter them.
+fn implied_parents(root: &Path, parts: &[String]) -> LayerResult<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut dir = root.to_path_buf();
+    for part in &parts[..parts.len().saturating_sub(1)] {
+        dir.push(part);
+        match std::fs::create_dir(&dir) {
+            Ok(()) => std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))
+                .ctx("setting the mode of an implied directory", &dir)?,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => Err(e).ctx("creating an implied directory", &dir)?,
+        }
     }
     Ok(())
 }
@@ -548,5 +568,29 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains(&d[7..19]), "{e}");
+    }
+
+    #[test]
+    fn parents_no_entry_lists_are_made_0755_whatever_the_umask() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let parts: Vec<String> = ["usr", "local", "bin", "tool"].map(String::from).to_vec();
+        std::fs::create_dir(dir.path().join("usr")).unwrap();
+        std::fs::set_permissions(
+            dir.path().join("usr"),
+            std::fs::Permissions::from_mode(0o711),
+        )
+        .unwrap();
+        assert!(implied_parents(dir.path(), &parts).is_ok());
+        let mode = |p: &str| {
+            std::fs::metadata(dir.path().join(p))
+                .unwrap()
+                .permissions()
+                .mode()
+                & 0o777
+        };
+        assert_eq!(mode("usr"), 0o711, "an existing directory keeps its mode");
+        assert_eq!((mode("usr/local"), mode("usr/local/bin")), (0o755, 0o755));
+        assert!(!dir.path().join("usr/local/bin/tool").exists());
     }
 }
