@@ -76,6 +76,14 @@ impl SandboxManager {
     /// here, then commits the row. On error nothing of it is left here.
     pub async fn adopt_paused(&self, row: SandboxRecord, snapshot: &str) -> Result<SandboxInfo> {
         self.check_open()?;
+        // The row comes from the cluster's store, not from this node: its id
+        // is joined to a directory below, removed whole if anything fails.
+        if !crate::ids::is_sandbox_id(&row.id) {
+            return Err(Error::Invalid(format!(
+                "refusing to adopt a sandbox row whose id {:?} is not letters and digits",
+                row.id
+            )));
+        }
         if row.state != SandboxState::Paused {
             return Err(Error::Invalid(format!(
                 "sandbox {} is {}, not paused: only a paused sandbox can move to another node",

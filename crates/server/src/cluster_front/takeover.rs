@@ -34,6 +34,15 @@ pub(super) async fn adopt(
             "node {node}, which held it, died before recording it"
         )));
     };
+    // A row stored under one id that names another is forged or corrupt.
+    if row.id != id {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            format!(
+                "sandbox {id}'s row in the cluster store names another sandbox; not taking it over"
+            ),
+        ));
+    }
     if row.state != SandboxState::Paused {
         return Err(gone(format!(
             "it was {} on node {node}, which died (its lease expired); what was only in its memory went with it",
