@@ -31,6 +31,8 @@ pub struct Node {
     /// door) can end at once instead of waiting on a guest that will never
     /// answer, and a client that then asks after it gets the truth.
     stopped: tokio::sync::broadcast::Sender<String>,
+    /// The parent of this instance's VMM cgroups, removed at shutdown.
+    cgroups: Option<siesta_vmm::Cgroups>,
 }
 
 /// The cgroups every VMM of this instance runs in (`siesta-<tag>/<vm>`),
@@ -91,8 +93,9 @@ impl Node {
         if config.incoming_kernel_stub {
             vmm = vmm.with_incoming_kernel_stubs(config.layout().kernel_stubs());
         }
-        if let Some(cgroups) = vmm_cgroups(&config.net_tag) {
-            vmm = vmm.with_cgroups(cgroups);
+        let cgroups = vmm_cgroups(&config.net_tag);
+        if let Some(cgroups) = &cgroups {
+            vmm = vmm.with_cgroups(cgroups.clone());
         }
         let net = SlotPool::new(NetConfig {
             tag: config.net_tag.clone(),
@@ -136,6 +139,7 @@ impl Node {
             prefetch,
             blob_checks,
             stopped: tokio::sync::broadcast::channel(256).0,
+            cgroups,
         }))
     }
 
@@ -166,10 +170,14 @@ impl Node {
         let _ = self.stopped.send(id.to_string());
     }
 
-    /// Releases every network slot this node created.
+    /// Releases every network slot this node created, and the cgroups of
+    /// its VMMs that have exited (with their parent, once empty).
     pub async fn shutdown(&self) {
         if let Err(e) = self.net.shutdown().await {
             tracing::warn!("network teardown: {e}");
+        }
+        if let Some(cgroups) = &self.cgroups {
+            cgroups.remove_parent();
         }
     }
 
