@@ -140,6 +140,8 @@ fn doctor_json_lists_every_check() {
         "ip",
         "netns",
         "accelerator",
+        "isolation",
+        "vmm-cgroups",
         "guest assets",
         "template",
         "disk",

@@ -146,6 +146,52 @@ pub(super) fn accelerator(config: &NodeConfig) -> Check {
     }
 }
 
+/// How strongly guests are held: under TCG, QEMU's emulator alone stands
+/// between a guest and the host, and QEMU does not treat TCG as a
+/// security boundary. A warning, not a failure: the node works, but an
+/// operator must know before running tenants who do not trust each other.
+pub(super) fn isolation(config: &NodeConfig) -> Check {
+    match Accel::choose(accel_choice(config.accel)) {
+        Accel::Kvm => Check::ok(
+            "isolation",
+            "kvm: guests are held by hardware virtualization, QEMU's seccomp filter and cgroups",
+        ),
+        Accel::Tcg => Check::warn(
+            "isolation",
+            "tcg: QEMU's software emulator is the only boundary between guests and this host, \
+             and QEMU does not treat TCG as a security boundary",
+            "run untrusted tenants on a host with KVM; docs/security.md says what else holds a guest",
+        ),
+    }
+}
+
+/// Whether each VMM can get a cgroup of its own (memory, pids and CPU
+/// limits). Probes with a parent group of its own, removed at once.
+pub(super) fn vmm_cgroups() -> Check {
+    match siesta_vmm::Cgroups::detect("siesta-doctor-probe") {
+        Ok(Some(c)) => {
+            c.remove_parent();
+            Check::ok(
+                "vmm-cgroups",
+                format!(
+                    "cgroup {}: each VMM gets memory, pids and CPU limits",
+                    c.version()
+                ),
+            )
+        }
+        Ok(None) => Check::warn(
+            "vmm-cgroups",
+            "no writable cgroup hierarchy with memory, pids and cpu: VMMs would run without limits",
+            "run siesta as root on a host with cgroup v2 (or v1 memory, pids and cpu) mounted",
+        ),
+        Err(e) => Check::warn(
+            "vmm-cgroups",
+            e.to_string(),
+            "check /sys/fs/cgroup is mounted read-write",
+        ),
+    }
+}
+
 /// Kernel and initramfs that template builds boot.
 pub(super) fn assets(config: &NodeConfig) -> Check {
     let layout = config.layout();

@@ -170,6 +170,8 @@ pub fn run(config: &NodeConfig, opts: &PreflightOptions) -> Report {
     }
     checks.push(checks::netns());
     checks.push(checks::accelerator(config));
+    checks.push(checks::isolation(config));
+    checks.push(checks::vmm_cgroups());
     checks.push(checks::assets(config));
     checks.push(checks::template(
         config,
