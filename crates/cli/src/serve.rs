@@ -27,6 +27,15 @@ pub struct ServeArgs {
     /// Size limit of a volume created without one, in MiB (default 10240).
     #[arg(long, env = "SIESTA_VOLUME_SIZE_MIB")]
     volume_size_mib: Option<u64>,
+    /// Seconds a client has to send a request's head, on a new connection
+    /// or between requests on a kept-alive one (default 30). A request
+    /// whose head is in is not timed: streams last as long as they need.
+    #[arg(long, env = "SIESTA_HEADER_TIMEOUT_SECS", value_parser = clap::value_parser!(u64).range(1..))]
+    header_timeout_secs: Option<u64>,
+    /// Most client connections open at once (default 10000); more wait
+    /// in the kernel's queue until one closes.
+    #[arg(long, env = "SIESTA_MAX_CONNECTIONS", value_parser = clap::value_parser!(u64).range(1..))]
+    max_connections: Option<u64>,
     #[command(flatten)]
     cluster: crate::serve_cluster::ClusterArgs,
 }
@@ -37,6 +46,7 @@ struct Settings {
     warm_template: String,
     sandbox_domain: Option<String>,
     volume_size_mib: u64,
+    limits: siesta_server::HttpLimits,
 }
 
 impl ServeArgs {
@@ -59,6 +69,10 @@ impl ServeArgs {
                 .volume_size_mib
                 .or(file.volume_size_mib)
                 .unwrap_or(siesta_volume::DEFAULT_SIZE_LIMIT_MIB),
+            limits: limits(
+                self.header_timeout_secs.or(file.header_timeout_secs),
+                self.max_connections.or(file.max_connections),
+            )?,
         })
     }
 }
@@ -120,6 +134,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         ),
         volumes,
         cluster: cluster.clone(),
+        limits: args.limits,
     };
     let mut server = tokio::spawn(siesta_server::serve(
         args.listen,
@@ -167,6 +182,25 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         .context("server task")?
         .with_context(|| format!("serving on {}", args.listen))?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The listener's limits: the flag or the file, else the defaults.
+fn limits(
+    header_timeout_secs: Option<u64>,
+    max_connections: Option<u64>,
+) -> anyhow::Result<siesta_server::HttpLimits> {
+    let defaults = siesta_server::HttpLimits::default();
+    // The flags refuse 0 themselves; the file's values are checked here.
+    if header_timeout_secs == Some(0) || max_connections == Some(0) {
+        anyhow::bail!("server.header_timeout_secs and server.max_connections must be at least 1");
+    }
+    Ok(siesta_server::HttpLimits {
+        header_timeout: header_timeout_secs
+            .map_or(defaults.header_timeout, std::time::Duration::from_secs),
+        max_connections: max_connections.map_or(defaults.max_connections, |n| {
+            usize::try_from(n).unwrap_or(usize::MAX)
+        }),
+    })
 }
 
 /// The key to show on start: none, unless this start minted it and a
@@ -283,6 +317,17 @@ mod tests {
         }
         let out = exports(listen, home.path(), shown_key(&minted, true));
         assert!(out.contains(&key), "{out}");
+    }
+
+    #[test]
+    fn listener_limits_come_from_flag_or_file_else_the_defaults() {
+        let defaults = siesta_server::HttpLimits::default();
+        assert_eq!(limits(None, None).unwrap(), defaults);
+        let set = limits(Some(5), Some(7)).unwrap();
+        assert_eq!(set.header_timeout, std::time::Duration::from_secs(5));
+        assert_eq!(set.max_connections, 7);
+        assert!(limits(Some(0), None).is_err());
+        assert!(limits(None, Some(0)).is_err());
     }
 
     #[test]

@@ -87,6 +87,10 @@ pub struct ServerSection {
     pub warm_template: Option<String>,
     pub sandbox_domain: Option<String>,
     pub volume_size_mib: Option<u64>,
+    /// Seconds a client has to send a request's head.
+    pub header_timeout_secs: Option<u64>,
+    /// Most client connections open at once.
+    pub max_connections: Option<u64>,
     /// `text` (default) or `json`: one JSON object a log line.
     pub log_format: Option<LogFormat>,
 }

@@ -12,51 +12,34 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
-use axum::extract::connect_info::Connected;
-use axum::serve::IncomingStream;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
-
-/// Accepts connections that can be reset through their [`ConnHandle`].
-pub struct ResettableListener(pub TcpListener);
-
-impl axum::serve::Listener for ResettableListener {
-    type Io = Conn;
-    type Addr = std::net::SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        loop {
-            match self.0.accept().await {
-                Ok((stream, addr)) => {
-                    let conn = Conn {
-                        stream,
-                        reset: Arc::new(AtomicBool::new(false)),
-                    };
-                    return (conn, addr);
-                }
-                // Out of descriptors and the like: wait and go on serving.
-                Err(e) => {
-                    tracing::warn!("accepting a connection: {e}");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            }
-        }
-    }
-
-    fn local_addr(&self) -> io::Result<Self::Addr> {
-        self.0.local_addr()
-    }
-}
+use tokio::net::TcpStream;
+use tokio::sync::OwnedSemaphorePermit;
 
 /// One client connection.
 pub struct Conn {
     stream: TcpStream,
     reset: Arc<AtomicBool>,
+    /// Its place under the server's connection cap, given back when the
+    /// socket closes (an upgraded connection keeps it while it lives).
+    _slot: OwnedSemaphorePermit,
 }
 
 impl Conn {
+    pub fn new(stream: TcpStream, slot: OwnedSemaphorePermit) -> Self {
+        Self {
+            stream,
+            reset: Arc::new(AtomicBool::new(false)),
+            _slot: slot,
+        }
+    }
+
+    /// What resets this connection.
+    pub fn handle(&self) -> ConnHandle {
+        ConnHandle(self.reset.clone())
+    }
+
     fn check(&self) -> io::Result<()> {
         if self.reset.load(Ordering::SeqCst) {
             Err(io::ErrorKind::ConnectionReset.into())
@@ -120,11 +103,5 @@ impl ConnHandle {
     /// with RST.
     pub fn reset(&self) {
         self.0.store(true, Ordering::SeqCst);
-    }
-}
-
-impl Connected<IncomingStream<'_, ResettableListener>> for ConnHandle {
-    fn connect_info(stream: IncomingStream<'_, ResettableListener>) -> Self {
-        ConnHandle(stream.io().reset.clone())
     }
 }

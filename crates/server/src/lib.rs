@@ -10,6 +10,7 @@ pub mod builds;
 pub mod cluster_front;
 pub mod conn;
 mod error;
+pub mod listen;
 mod metrics;
 pub mod proxy;
 mod routes;
@@ -17,6 +18,7 @@ mod sandbox_metrics;
 mod unread_body;
 
 pub use api_key::{is_e2b_shaped, key_file, load_or_create_api_keys, ApiKeys};
+pub use listen::HttpLimits;
 pub use metrics::Metrics;
 pub use routes::openapi::yaml as openapi_yaml;
 pub use routes::{router, AppState};
@@ -37,6 +39,8 @@ pub struct ServerOptions {
     pub volumes: Arc<siesta_volume::Volumes>,
     /// The cluster this node belongs to (none: it works alone).
     pub cluster: Option<Arc<siesta_cluster::Cluster>>,
+    /// Header timeout and connection cap of the listener.
+    pub limits: HttpLimits,
 }
 
 /// Serves the API on `listen` until `shutdown` resolves.
@@ -70,11 +74,6 @@ pub async fn serve(
     }
     // Outermost, so that the front door's refusals are covered too.
     let app = app.layer(axum::middleware::from_fn(unread_body::close_if_body_unread));
-    let listener = conn::ResettableListener(listener);
-    axum::serve(
-        listener,
-        app.into_make_service_with_connect_info::<conn::ConnHandle>(),
-    )
-    .with_graceful_shutdown(shutdown)
-    .await
+    listen::serve_app(listener, app, options.limits, shutdown).await;
+    Ok(())
 }

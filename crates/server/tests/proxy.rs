@@ -86,7 +86,12 @@ impl Harness {
         let app = proxy::front(control, targets, keys);
         let front = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", front.local_addr().unwrap());
-        tokio::spawn(async move { axum::serve(front, app).await });
+        // The server's own listener (timeouts, connection handles).
+        let limits = siesta_server::HttpLimits::default();
+        let pending = futures::future::pending();
+        tokio::spawn(siesta_server::listen::serve_app(
+            front, app, limits, pending,
+        ));
         Harness {
             _guest: guest,
             home,
