@@ -167,6 +167,45 @@ impl Builds {
         &self.files
     }
 
+    /// A temporary name for one upload of `hash`, unlike any other's: two
+    /// uploads of one hash at once must not write into the same file.
+    pub fn upload_part_path(&self, hash: &str) -> Option<PathBuf> {
+        is_sha256_hex(hash).then(|| {
+            let nonce: u64 = rand::Rng::gen(&mut rand::thread_rng());
+            self.files.join(format!(".{hash}.{nonce:016x}.part"))
+        })
+    }
+
+    /// Puts the complete upload `part` in place as `hash`'s archive, unless
+    /// one is there already: the first whole upload of a hash stays, and a
+    /// later one (a link used again, a second client) cannot replace what
+    /// builds may have used. The link is atomic, so a reader sees the
+    /// archive whole or not at all. `part` is removed either way; true when
+    /// this upload was kept.
+    pub fn keep_upload(&self, part: &Path, hash: &str) -> std::io::Result<bool> {
+        let Some(path) = self.archive_path(hash) else {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("{hash:?} is not a SHA-256"),
+            ));
+        };
+        let kept = match std::fs::hard_link(part, &path) {
+            Ok(()) => true,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => false,
+            Err(e) => {
+                let _ = std::fs::remove_file(part);
+                return Err(std::io::Error::new(
+                    e.kind(),
+                    format!("storing {}: {e}", path.display()),
+                ));
+            }
+        };
+        std::fs::remove_file(part).map_err(|e| {
+            std::io::Error::new(e.kind(), format!("removing {}: {e}", part.display()))
+        })?;
+        Ok(kept)
+    }
+
     /// A query string (`expires=…&signature=…`) that authorises one upload
     /// of `hash` until `UPLOAD_LINK_TTL` from now.
     pub fn sign_upload(&self, hash: &str) -> String {
@@ -272,6 +311,28 @@ mod tests {
             b.archive_path(&"d".repeat(64)).unwrap(),
             PathBuf::from(format!("/f/{}.tar", "d".repeat(64)))
         );
+    }
+
+    /// A link used twice (or two clients at once) must neither mix two
+    /// uploads in one file nor replace an archive a build may have used.
+    #[test]
+    fn the_first_whole_upload_of_a_hash_stays() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = Builds::new(dir.path().to_path_buf());
+        let hash = "e".repeat(64);
+        let (one, two) = (
+            b.upload_part_path(&hash).unwrap(),
+            b.upload_part_path(&hash).unwrap(),
+        );
+        assert_ne!(one, two, "two uploads share a temporary file");
+        assert!(b.upload_part_path("../x").is_none());
+        std::fs::write(&one, b"first").unwrap();
+        std::fs::write(&two, b"second").unwrap();
+        assert!(b.keep_upload(&one, &hash).unwrap());
+        assert!(!b.keep_upload(&two, &hash).unwrap());
+        let archive = b.archive_path(&hash).unwrap();
+        assert_eq!(std::fs::read(archive).unwrap(), b"first");
+        assert!(!one.exists() && !two.exists());
     }
 
     #[test]

@@ -172,9 +172,9 @@ pub async fn upload(
             "the upload link lacks its expires and signature parameters".into(),
         ));
     };
-    let path = st
+    let part = st
         .builds
-        .archive_path(&hash)
+        .upload_part_path(&hash)
         .ok_or_else(|| ApiError::new(StatusCode::BAD_REQUEST, "bad files hash"))?;
     st.builds
         .check_upload(&hash, expires, &signature)
@@ -183,21 +183,36 @@ pub async fn upload(
     tokio::fs::create_dir_all(&dir)
         .await
         .map_err(|e| io_err("creating", &dir, e))?;
-    let part = dir.join(format!(".{hash}.{}.part", std::process::id()));
     let written = receive(body, &part).await;
     if let Err(e) = written {
         let _ = tokio::fs::remove_file(&part).await;
         return Err(e);
     }
-    tokio::fs::rename(&part, &path)
+    // The first whole upload of a hash stays; a second is answered as a
+    // success (the archive is there) but does not replace it.
+    let builds = st.builds.clone();
+    let kept = tokio::task::spawn_blocking(move || builds.keep_upload(&part, &hash))
         .await
-        .map_err(|e| io_err("storing", &path, e))?;
+        .map_err(|e| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("storing the upload: {e}"),
+            )
+        })?
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    if !kept {
+        tracing::info!("a COPY archive was uploaded again: the first one stays");
+    }
     Ok(StatusCode::CREATED)
 }
 
 /// Streams `body` into `part` (synced), refusing more than the limit.
 async fn receive(body: Body, part: &std::path::Path) -> Result<(), ApiError> {
-    let mut file = tokio::fs::File::create(part)
+    // A new file: a name taken already is someone else's upload.
+    let mut file = tokio::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(part)
         .await
         .map_err(|e| io_err("creating", part, e))?;
     let mut stream = body.into_data_stream();
