@@ -117,6 +117,27 @@ def netns_of(tag: str) -> list[str]:
     ]
 
 
+def remove_cgroups(tag: str) -> None:
+    """The VMM cgroups of the server with `tag` (`siesta-<tag>/<vm>.<n>`,
+    docs/security.md), which a killed server leaves behind: removed by
+    exact name, and only when empty (rmdir refuses a group in use)."""
+    for root in ("/sys/fs/cgroup", "/sys/fs/cgroup/memory", "/sys/fs/cgroup/pids",
+                 "/sys/fs/cgroup/cpu"):
+        parent = Path(root) / f"siesta-{tag}"
+        if not parent.is_dir():
+            continue
+        for child in parent.iterdir():
+            if child.is_dir():
+                try:
+                    child.rmdir()
+                except OSError:
+                    pass
+        try:
+            parent.rmdir()
+        except OSError:
+            pass
+
+
 def pids_using(path: Path) -> list[int]:
     """Processes whose command line names `path` (VMMs of this home)."""
     needle = str(path).encode()
@@ -227,6 +248,7 @@ class SiestaServer:
         leftovers = netns_of(self.tag)
         for ns in leftovers:
             subprocess.run(["ip", "netns", "delete", ns], check=False)
+        remove_cgroups(self.tag)
         return leftovers
 
     def point_sdk_here(self) -> None:
