@@ -16,6 +16,14 @@ pub enum ImageError {
     Unreachable { reference: String, detail: String },
     #[error("pulling `{reference}` failed: {detail}")]
     Registry { reference: String, detail: String },
+    /// A connection the pull's [`crate::Reach`] does not allow (an API
+    /// build's registry, token service or redirect at a loopback, private
+    /// or link-local address).
+    #[error("pulling `{reference}` is refused: {refused}")]
+    Forbidden {
+        reference: String,
+        refused: crate::reach::AddressRefused,
+    },
     #[error("image `{reference}` has no linux/amd64 variant")]
     NoPlatform { reference: String },
     #[error("image `{reference}` is not usable: {detail}")]

@@ -2,8 +2,8 @@
 //!
 //! [`fetch`] brings an image's config and layers into a [`BlobStore`] (a
 //! cache by digest: a layer already there is not fetched again), from a
-//! registry through `oci-client` or from a local OCI layout or
-//! docker-archive. [`unpack_layers`] then applies the layers, whiteouts
+//! registry (as far as its [`Reach`] lets it connect) or from a local OCI
+//! layout or docker-archive. [`unpack_layers`] then applies the layers, whiteouts
 //! included, to a directory that becomes the template's root file system.
 //!
 //! ```text
@@ -12,11 +12,13 @@
 //!                  └─ unpack_layers(store, &image.layers, root)
 //! ```
 
+mod client;
 mod config;
 mod error;
 mod limits;
 mod local;
 mod manifest;
+mod reach;
 mod registry;
 mod source;
 mod store;
@@ -25,6 +27,7 @@ mod unpack;
 pub use config::ImageConfig;
 pub use error::{ImageError, Result};
 pub use limits::ImageLimits;
+pub use reach::{closed_range, AddressRefused, IpNet, Reach, ALLOW_ENV, ALLOW_SETTING};
 pub use source::{Credentials, FetchOptions, ImageSource};
 pub use store::{hash_file, BlobStore};
 pub use unpack::{unpack_layers, UnpackStats};

@@ -1,14 +1,9 @@
 //! Reading an image's manifest from a registry with a size cap.
 //!
-//! `oci-client` reads a manifest response whole into memory, however long
-//! the registry makes it; a hostile registry could send one without end.
-//! So the manifest (and, for a multi-arch image, its index) is fetched here
-//! with the same URL, `Accept` types and credentials, streamed, and refused
-//! past [`ImageLimits::max_manifest_bytes`]. Authentication (the token
-//! dance) stays with `oci-client`, which caches the token for the blob pulls
-//! that follow.
-
-use std::time::Duration;
+//! A manifest response is streamed and refused past
+//! [`ImageLimits::max_manifest_bytes`]: a hostile registry could send one
+//! without end. The manifest (and, for a multi-arch image, its index) is
+//! fetched with the pull's [`RegistryClient`], its credentials and checks.
 
 use oci_client::manifest::{
     OciImageManifest, OciManifest, IMAGE_MANIFEST_LIST_MEDIA_TYPE, IMAGE_MANIFEST_MEDIA_TYPE,
@@ -17,41 +12,11 @@ use oci_client::manifest::{
 use oci_client::Reference;
 use sha2::{Digest, Sha256};
 
-use crate::error::{chain, ImageError, Result};
+use crate::client::{read_capped, read_small, RegistryClient};
+use crate::error::{ImageError, Result};
 use crate::limits::{size_text, ImageLimits};
 
-/// The most of an error response kept for the message.
-const ERROR_BODY_MAX: u64 = 16 << 10;
-
-/// How a request to the registry is made: its scheme and credentials.
-pub(crate) struct ManifestClient {
-    http: reqwest::Client,
-    scheme: &'static str,
-    auth: Auth,
-}
-
-/// A bearer token from `oci-client`'s token dance, or a user and password
-/// for a registry that takes Basic authentication, or nothing.
-pub(crate) enum Auth {
-    Bearer(String),
-    Basic(String, String),
-    Anonymous,
-}
-
-impl ManifestClient {
-    pub(crate) fn new(plain_http: bool, auth: Auth) -> Result<Self> {
-        let http = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(10))
-            .read_timeout(Duration::from_secs(120))
-            .build()
-            .map_err(|e| ImageError::Registry {
-                reference: String::new(),
-                detail: format!("making an HTTP client: {}", chain(&e)),
-            })?;
-        let scheme = if plain_http { "http" } else { "https" };
-        Ok(Self { http, scheme, auth })
-    }
-
+impl RegistryClient {
     /// The image manifest of `reference`; from an index, the one that
     /// `pick` chooses. Returns it with its digest.
     pub(crate) async fn image_manifest(
@@ -88,12 +53,10 @@ impl ManifestClient {
         limits: &ImageLimits,
     ) -> Result<(OciManifest, String)> {
         let whole = reference.whole();
-        let mut response = self.get(reference).await?;
+        let mut response = self.get_manifest(reference).await?;
         let status = response.status();
         if !status.is_success() {
-            let body = read_capped(&mut response, ERROR_BODY_MAX, &whole)
-                .await?
-                .unwrap_or_default();
+            let body = read_small(&mut response, &whole).await?.unwrap_or_default();
             return Err(refusal(&whole, status.as_u16(), &body));
         }
         let header_digest = response
@@ -133,62 +96,31 @@ impl ManifestClient {
         Ok((manifest, digest))
     }
 
-    async fn get(&self, reference: &Reference) -> Result<reqwest::Response> {
-        let request = self.http.get(self.url(reference)).header(
-            reqwest::header::ACCEPT,
-            [
-                OCI_IMAGE_MEDIA_TYPE,
-                IMAGE_MANIFEST_MEDIA_TYPE,
-                OCI_IMAGE_INDEX_MEDIA_TYPE,
-                IMAGE_MANIFEST_LIST_MEDIA_TYPE,
-            ]
-            .join(", "),
-        );
-        let request = match &self.auth {
-            Auth::Bearer(token) => request.bearer_auth(token),
-            Auth::Basic(user, password) => request.basic_auth(user, Some(password)),
-            Auth::Anonymous => request,
-        };
-        request.send().await.map_err(|e| unreachable(reference, &e))
+    async fn get_manifest(&self, reference: &Reference) -> Result<reqwest::Response> {
+        let accept = [
+            OCI_IMAGE_MEDIA_TYPE,
+            IMAGE_MANIFEST_MEDIA_TYPE,
+            OCI_IMAGE_INDEX_MEDIA_TYPE,
+            IMAGE_MANIFEST_LIST_MEDIA_TYPE,
+        ]
+        .join(", ");
+        self.get(reference, &self.manifest_url(reference), Some(&accept))
+            .await
     }
 
-    /// The manifest URL, as `oci-client` builds it (Docker Hub's
-    /// `docker.io` is `index.docker.io`; `ns` for a mirror).
-    fn url(&self, reference: &Reference) -> String {
+    /// The manifest URL, as `oci-client` builds it (`ns` for a mirror).
+    pub(crate) fn manifest_url(&self, reference: &Reference) -> String {
         let tag = reference.digest().or(reference.tag()).unwrap_or("latest");
         let ns = reference
             .namespace()
             .map(|ns| format!("?ns={ns}"))
             .unwrap_or_default();
         format!(
-            "{}://{}/v2/{}/manifests/{tag}{ns}",
-            self.scheme,
-            reference.resolve_registry(),
+            "{}/v2/{}/manifests/{tag}{ns}",
+            self.base(reference),
             reference.repository()
         )
     }
-}
-
-/// The body, or `None` when it is longer than `cap` (read no further).
-async fn read_capped(
-    response: &mut reqwest::Response,
-    cap: u64,
-    whole: &str,
-) -> Result<Option<Vec<u8>>> {
-    if response.content_length().is_some_and(|n| n > cap) {
-        return Ok(None);
-    }
-    let mut body = Vec::new();
-    while let Some(chunk) = response.chunk().await.map_err(|e| ImageError::Registry {
-        reference: whole.to_string(),
-        detail: format!("reading the manifest: {}", chain(&e)),
-    })? {
-        if body.len() as u64 + chunk.len() as u64 > cap {
-            return Ok(None);
-        }
-        body.extend_from_slice(&chunk);
-    }
-    Ok(Some(body))
 }
 
 /// A manifest or index of schema 2, or why not.
@@ -210,7 +142,7 @@ fn parse(body: &[u8]) -> std::result::Result<OciManifest, String> {
 }
 
 /// An error status, as the registry's error codes (or the status) say.
-fn refusal(whole: &str, status: u16, body: &[u8]) -> ImageError {
+pub(crate) fn refusal(whole: &str, status: u16, body: &[u8]) -> ImageError {
     let reference = whole.to_string();
     let codes: Vec<String> = serde_json::from_slice::<serde_json::Value>(body)
         .ok()
@@ -234,21 +166,6 @@ fn refusal(whole: &str, status: u16, body: &[u8]) -> ImageError {
         ImageError::AuthFailed { reference, detail }
     } else {
         ImageError::Registry { reference, detail }
-    }
-}
-
-fn unreachable(reference: &Reference, e: &reqwest::Error) -> ImageError {
-    let reference = reference.whole();
-    if e.is_connect() || e.is_timeout() {
-        ImageError::Unreachable {
-            reference,
-            detail: chain(e),
-        }
-    } else {
-        ImageError::Registry {
-            reference,
-            detail: chain(e),
-        }
     }
 }
 
@@ -285,13 +202,17 @@ mod tests {
 
     #[test]
     fn urls_are_the_registrys_own() {
-        let c = ManifestClient::new(true, Auth::Anonymous).unwrap();
+        let opts = crate::FetchOptions::default();
         let r: Reference = "127.0.0.1:5000/team/app:1".parse().unwrap();
-        assert_eq!(c.url(&r), "http://127.0.0.1:5000/v2/team/app/manifests/1");
-        let hub: Reference = "debian".parse().unwrap();
-        let c = ManifestClient::new(false, Auth::Anonymous).unwrap();
+        let c = RegistryClient::new(&r, &opts).unwrap();
         assert_eq!(
-            c.url(&hub),
+            c.manifest_url(&r),
+            "http://127.0.0.1:5000/v2/team/app/manifests/1"
+        );
+        let hub: Reference = "debian".parse().unwrap();
+        let c = RegistryClient::new(&hub, &opts).unwrap();
+        assert_eq!(
+            c.manifest_url(&hub),
             "https://index.docker.io/v2/library/debian/manifests/latest"
         );
     }

@@ -1,21 +1,21 @@
-//! Pulling from a registry with `oci-client`: the manifest (picking
-//! linux/amd64 from an index, read by `manifest.rs` with a size cap) and
-//! config every time, since tags move; each layer only when the blob cache
-//! lacks its digest. No blob is read past the size its manifest declares
-//! (see [`ImageLimits`]).
+//! Pulling from a registry: the manifest (picking linux/amd64 from an
+//! index, read by `manifest.rs` with a size cap) and config every time,
+//! since tags move; each layer only when the blob cache lacks its digest.
+//! No blob is read past the size its manifest declares (see
+//! [`ImageLimits`]). Every request goes through the pull's
+//! [`RegistryClient`], which keeps it within the pull's [`crate::Reach`].
 
-use std::time::Duration;
-
-use oci_client::client::{linux_amd64_resolver, ClientConfig, ClientProtocol};
-use oci_client::errors::{OciDistributionError, OciErrorCode};
+use oci_client::client::linux_amd64_resolver;
 use oci_client::manifest::OciDescriptor;
-use oci_client::secrets::RegistryAuth;
-use oci_client::{Client, Reference, RegistryOperation};
+use oci_client::Reference;
+use sha2::{Digest, Sha256};
+use tokio::io::{AsyncWrite, AsyncWriteExt};
 
+use crate::client::{read_small, request_error, RegistryClient};
 use crate::config::ImageConfig;
-use crate::error::{chain, ImageError, IoContext, Result};
+use crate::error::{ImageError, IoContext, Result};
 use crate::limits::{size_text, ImageLimits};
-use crate::manifest::{Auth, ManifestClient};
+use crate::manifest::refusal;
 use crate::source::FetchOptions;
 use crate::store::BlobStore;
 use crate::{Image, Progress, ProgressEvent};
@@ -28,6 +28,9 @@ const LAYER_TYPES: &[&str] = &[
     oci_client::manifest::IMAGE_DOCKER_LAYER_GZIP_MEDIA_TYPE,
 ];
 
+/// How often a layer download reports its bytes.
+const REPORT_EVERY: u64 = 4 << 20;
+
 pub(crate) async fn pull(
     reference: &Reference,
     opts: &FetchOptions,
@@ -35,35 +38,9 @@ pub(crate) async fn pull(
     progress: Progress<'_>,
 ) -> Result<Image> {
     let whole = reference.whole();
-    let plain_http = opts.plain_http(reference.registry());
-    let client = Client::new(ClientConfig {
-        protocol: if plain_http {
-            ClientProtocol::Http
-        } else {
-            ClientProtocol::Https
-        },
-        platform_resolver: Some(Box::new(linux_amd64_resolver)),
-        connect_timeout: Some(Duration::from_secs(10)),
-        read_timeout: Some(Duration::from_secs(120)),
-        ..Default::default()
-    });
-    let auth = match &opts.credentials {
-        Some(c) => RegistryAuth::Basic(c.username.clone(), c.password.clone()),
-        None => RegistryAuth::Anonymous,
-    };
     progress(ProgressEvent::Line(&format!("resolving {whole}")));
-    // The token is cached in `client` for the blob pulls below; the
-    // manifest is read by `manifest.rs`, which caps its size.
-    let token = client
-        .auth(reference, &auth, RegistryOperation::Pull)
-        .await
-        .map_err(|e| classify(&whole, e))?;
-    let manifest_auth = match (token, &opts.credentials) {
-        (Some(token), _) => Auth::Bearer(token),
-        (None, Some(c)) => Auth::Basic(c.username.clone(), c.password.clone()),
-        (None, None) => Auth::Anonymous,
-    };
-    let (manifest, digest) = ManifestClient::new(plain_http, manifest_auth)?
+    let client = RegistryClient::connect(reference, opts).await?;
+    let (manifest, digest) = client
         .image_manifest(reference, &opts.limits, linux_amd64_resolver)
         .await?;
     let config_json = fetch_config(&client, reference, &manifest.config, &opts.limits).await?;
@@ -122,9 +99,9 @@ fn declared_size(whole: &str, layer: &OciDescriptor, limits: &ImageLimits) -> Re
 }
 
 /// The image config, at most its declared size and at most
-/// [`ImageLimits::max_manifest_bytes`].
+/// [`ImageLimits::max_manifest_bytes`], checked against its digest.
 async fn fetch_config(
-    client: &Client,
+    client: &RegistryClient,
     reference: &Reference,
     config: &OciDescriptor,
     limits: &ImageLimits,
@@ -141,12 +118,34 @@ async fn fetch_config(
             ),
         });
     }
-    let mut out = Bounded::new(Vec::new(), size, None);
-    match client.pull_blob(reference, config, &mut out).await {
-        Ok(()) => Ok(out.inner),
-        Err(_) if out.over => Err(longer_than_declared(&whole, "its config", size)),
-        Err(e) => Err(classify(&whole, e)),
+    if !config.digest.starts_with("sha256:") {
+        return Err(ImageError::Unsupported {
+            reference: whole,
+            detail: format!(
+                "its config digest {} is not a sha256 one (the only kind supported)",
+                config.digest
+            ),
+        });
     }
+    let mut out = Vec::new();
+    download(
+        client,
+        reference,
+        config,
+        size,
+        &mut out,
+        "its config",
+        None,
+    )
+    .await?;
+    let actual = hex::encode(Sha256::digest(&out));
+    if format!("sha256:{actual}") != config.digest.to_ascii_lowercase() {
+        return Err(ImageError::DigestMismatch {
+            digest: config.digest.clone(),
+            actual,
+        });
+    }
+    Ok(out)
 }
 
 fn longer_than_declared(whole: &str, what: &str, size: u64) -> ImageError {
@@ -160,7 +159,7 @@ fn longer_than_declared(whole: &str, what: &str, size: u64) -> ImageError {
 }
 
 async fn fetch_layer(
-    client: &Client,
+    client: &RegistryClient,
     reference: &Reference,
     layer: &OciDescriptor,
     size: u64,
@@ -168,25 +167,25 @@ async fn fetch_layer(
     progress: Progress<'_>,
 ) -> Result<()> {
     let tmp = store.temp_path();
-    let file = tokio::fs::File::create(&tmp)
+    let mut file = tokio::fs::File::create(&tmp)
         .await
         .ctx("creating a layer download", &tmp)?;
     let label = short(&layer.digest).to_string();
-    let mut out = Bounded::new(file, size, Some((label, progress)));
-    let pulled = client.pull_blob(reference, layer, &mut out).await;
-    let over = out.over;
-    drop(out);
+    let what = format!("layer {label}");
+    let pulled = download(
+        client,
+        reference,
+        layer,
+        size,
+        &mut file,
+        &what,
+        Some((&label, progress)),
+    )
+    .await;
+    drop(file);
     if let Err(e) = pulled {
         let _ = tokio::fs::remove_file(&tmp).await;
-        return Err(if over {
-            longer_than_declared(
-                &reference.whole(),
-                &format!("layer {}", short(&layer.digest)),
-                size,
-            )
-        } else {
-            classify(&reference.whole(), e)
-        });
+        return Err(e);
     }
     let store = store.clone();
     let digest = layer.digest.clone();
@@ -199,80 +198,63 @@ async fn fetch_layer(
     Ok(())
 }
 
-/// A download's writer that refuses bytes past `limit` (the size the
-/// manifest declares, so an endless blob stops there) and, for a layer,
-/// reports its bytes every [`REPORT_EVERY`].
-struct Bounded<'a, W> {
-    inner: W,
+/// Streams blob `blob` into `out`, refusing bytes past `limit` (the size
+/// its manifest declares, so an endless blob stops there); for a layer,
+/// reports its bytes every [`REPORT_EVERY`] and at its end. `what` names
+/// the blob in errors.
+async fn download<W: AsyncWrite + Unpin>(
+    client: &RegistryClient,
+    reference: &Reference,
+    blob: &OciDescriptor,
     limit: u64,
-    done: u64,
-    /// Set when the blob went past `limit`: the pull's error is this one.
-    over: bool,
-    reported: u64,
-    progress: Option<(String, Progress<'a>)>,
-}
-
-const REPORT_EVERY: u64 = 4 << 20;
-
-impl<'a, W> Bounded<'a, W> {
-    fn new(inner: W, limit: u64, progress: Option<(String, Progress<'a>)>) -> Self {
-        Self {
-            inner,
-            limit,
-            done: 0,
-            over: false,
-            reported: 0,
-            progress,
-        }
+    out: &mut W,
+    what: &str,
+    progress: Option<(&str, Progress<'_>)>,
+) -> Result<()> {
+    let whole = reference.whole();
+    let url = format!(
+        "{}/v2/{}/blobs/{}",
+        client.base(reference),
+        reference.repository(),
+        blob.digest
+    );
+    let mut response = client.get(reference, &url, None).await?;
+    let status = response.status();
+    if !status.is_success() {
+        let body = read_small(&mut response, &whole).await?.unwrap_or_default();
+        return Err(refusal(&whole, status.as_u16(), &body));
     }
-
-    fn report(&mut self) {
-        self.reported = self.done;
-        if let Some((layer, progress)) = &self.progress {
+    let write_err = |e: std::io::Error| ImageError::Registry {
+        reference: whole.clone(),
+        detail: format!("writing {what}: {e}"),
+    };
+    let report = |done: u64| {
+        if let Some((layer, progress)) = progress {
             progress(ProgressEvent::Bytes {
                 layer,
-                done: self.done,
-                total: self.limit,
+                done,
+                total: limit,
             });
         }
-    }
-}
-
-impl<W: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Bounded<'_, W> {
-    fn poll_write(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &[u8],
-    ) -> std::task::Poll<std::io::Result<usize>> {
-        if self.done + buf.len() as u64 > self.limit {
-            self.over = true;
-            return std::task::Poll::Ready(Err(std::io::Error::other(
-                "the blob is longer than its manifest declares",
-            )));
+    };
+    let (mut done, mut reported) = (0u64, 0u64);
+    while let Some(chunk) = response
+        .chunk()
+        .await
+        .map_err(|e| request_error(&whole, &e))?
+    {
+        if done + chunk.len() as u64 > limit {
+            return Err(longer_than_declared(&whole, what, limit));
         }
-        let polled = std::pin::Pin::new(&mut self.inner).poll_write(cx, buf);
-        if let std::task::Poll::Ready(Ok(n)) = &polled {
-            self.done += *n as u64;
-            if self.done - self.reported >= REPORT_EVERY || self.done == self.limit {
-                self.report();
-            }
+        out.write_all(&chunk).await.map_err(write_err)?;
+        done += chunk.len() as u64;
+        if done - reported >= REPORT_EVERY || done == limit {
+            reported = done;
+            report(done);
         }
-        polled
     }
-
-    fn poll_flush(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
+    out.flush().await.map_err(write_err)?;
+    Ok(())
 }
 
 fn check_layer_type(reference: &str, layer: &OciDescriptor) -> Result<()> {
@@ -295,53 +277,6 @@ fn check_layer_type(reference: &str, layer: &OciDescriptor) -> Result<()> {
             layer.media_type
         ),
     })
-}
-
-/// Turns a client error into one that says what the user can do.
-fn classify(reference: &str, e: OciDistributionError) -> ImageError {
-    let reference = reference.to_string();
-    let detail = e.to_string();
-    match &e {
-        OciDistributionError::ImageManifestNotFoundError(m) if m.contains("platform") => {
-            ImageError::NoPlatform { reference }
-        }
-        OciDistributionError::ImageManifestNotFoundError(_) => ImageError::NotFound { reference },
-        OciDistributionError::AuthenticationFailure(_)
-        | OciDistributionError::UnauthorizedError { .. } => {
-            ImageError::AuthFailed { reference, detail }
-        }
-        OciDistributionError::RegistryError { envelope, .. } => {
-            let codes: Vec<&OciErrorCode> = envelope.errors.iter().map(|e| &e.code).collect();
-            if codes.iter().any(|c| {
-                matches!(
-                    c,
-                    OciErrorCode::ManifestUnknown
-                        | OciErrorCode::NameUnknown
-                        | OciErrorCode::NotFound
-                )
-            }) {
-                ImageError::NotFound { reference }
-            } else if codes
-                .iter()
-                .any(|c| matches!(c, OciErrorCode::Unauthorized | OciErrorCode::Denied))
-            {
-                ImageError::AuthFailed { reference, detail }
-            } else {
-                ImageError::Registry { reference, detail }
-            }
-        }
-        OciDistributionError::ServerError { code: 404, .. } => ImageError::NotFound { reference },
-        OciDistributionError::ServerError {
-            code: 401 | 403, ..
-        } => ImageError::AuthFailed { reference, detail },
-        OciDistributionError::RequestError(r) if r.is_connect() || r.is_timeout() => {
-            ImageError::Unreachable {
-                reference,
-                detail: chain(r),
-            }
-        }
-        _ => ImageError::Registry { reference, detail },
-    }
 }
 
 pub(crate) fn short(digest: &str) -> &str {

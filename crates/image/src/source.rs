@@ -71,6 +71,27 @@ impl ImageSource {
             _ => None,
         }
     }
+
+    /// Whether `reach` lets a pull of this source connect to its registry:
+    /// the registry's host is resolved and every address it has is checked
+    /// (see [`crate::Reach::check_host`]), so that a refusal comes before
+    /// the build starts. The pull checks again as it connects: this is a
+    /// clear early answer, not the guard itself. Local sources pass.
+    pub async fn check_reach(&self, reach: &crate::Reach) -> Result<()> {
+        let ImageSource::Registry(reference) = self else {
+            return Ok(());
+        };
+        let registry = reference.resolve_registry();
+        let host = registry_host(registry);
+        let port = registry_port(registry).unwrap_or(443);
+        reach
+            .check_host(host, port)
+            .await
+            .map_err(|refused| ImageError::Forbidden {
+                reference: reference.whole(),
+                refused,
+            })
+    }
 }
 
 /// `DIR:TAG` where TAG is the part after the last `:` when it holds no `/`
@@ -116,10 +137,15 @@ pub struct FetchOptions {
     pub credentials: Option<Credentials>,
     /// Registries (`host` or `host:port`) spoken to over plain HTTP.
     /// Loopback registries (`localhost`, `127.0.0.0/8`, `[::1]`) always are,
-    /// as Docker treats them.
+    /// as Docker treats them (a pull whose [`crate::Reach`] is public
+    /// reaches them only once the operator opened loopback).
     pub insecure_registries: Vec<String>,
     /// Caps on what a pull downloads and what unpacking writes.
     pub limits: crate::ImageLimits,
+    /// Where the pull may connect: anywhere (the default, for the
+    /// operator's own builds) or public addresses only (builds asked for
+    /// through the API).
+    pub reach: crate::Reach,
 }
 
 impl FetchOptions {
@@ -133,6 +159,15 @@ impl FetchOptions {
             .iter()
             .any(|r| r == registry || r == host)
     }
+}
+
+/// The port of `host:port` or `[v6]:port`, if it names one.
+fn registry_port(registry: &str) -> Option<u16> {
+    let rest = match registry.strip_prefix('[') {
+        Some(v6) => v6.split_once(']')?.1,
+        None => registry,
+    };
+    rest.rsplit_once(':')?.1.parse().ok()
 }
 
 /// The host part of `host[:port]` or `[v6]:port`.
@@ -169,6 +204,35 @@ mod tests {
             ..Default::default()
         };
         assert!(opts.plain_http("registry.lan:5000"));
+        assert_eq!(registry_port("127.0.0.1:5000"), Some(5000));
+        assert_eq!(registry_port("[::1]:5000"), Some(5000));
+        assert_eq!(registry_port("[::1]"), None);
+        assert_eq!(registry_port("index.docker.io"), None);
+        assert_eq!(registry_host("[::1]:5000"), "::1");
+    }
+
+    #[tokio::test]
+    async fn registries_are_checked_before_a_build_by_every_address() {
+        let public = crate::Reach::public(vec![]).unwrap();
+        for closed in [
+            "127.0.0.1:2379/v3/kv:x",
+            "localhost:5000/a/b:c",
+            "10.0.0.1/a:b",
+            "169.254.169.254/latest:x",
+        ] {
+            let e = ImageSource::parse(closed)
+                .unwrap()
+                .check_reach(&public)
+                .await
+                .unwrap_err();
+            assert!(matches!(e, ImageError::Forbidden { .. }), "{closed}: {e}");
+        }
+        let local = ImageSource::parse("oci:/tmp/layout").unwrap();
+        assert!(local.check_reach(&public).await.is_ok());
+        let loopback = ImageSource::parse("127.0.0.1:5000/a/b:c").unwrap();
+        assert!(loopback.check_reach(&crate::Reach::Anywhere).await.is_ok());
+        let opened = crate::Reach::public(vec!["127.0.0.0/8".parse().unwrap()]).unwrap();
+        assert!(loopback.check_reach(&opened).await.is_ok());
     }
 
     #[test]
