@@ -238,6 +238,8 @@ async fn build_steps(config: NodeConfig, req: StepsRequest) -> anyhow::Result<Ex
             BuildSource::Image {
                 reference: req.image.clone().unwrap_or_default(),
                 credentials: req.credentials.clone(),
+                // The operator's own build, on the host: any registry.
+                reach: siesta_image::Reach::Anywhere,
             },
             Vec::new(),
             req.start_cmd.clone(),
@@ -383,6 +385,8 @@ fn build_source(
     BuildSource::Image {
         reference: from.to_string(),
         credentials: credentials.clone(),
+        // The operator's own build, on the host: any registry.
+        reach: siesta_image::Reach::Anywhere,
     }
 }
 

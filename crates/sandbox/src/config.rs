@@ -99,6 +99,12 @@ pub struct NodeConfig {
     /// HTTP (`SIESTA_INSECURE_REGISTRIES`, comma-separated); loopback ones
     /// always are.
     pub insecure_registries: Vec<String>,
+    /// Private networks (loopback, RFC 1918, CGNAT, ULA, ...) that image
+    /// builds asked for through the API may pull from
+    /// (`[node] image_registry_private_allow`,
+    /// `SIESTA_IMAGE_REGISTRY_PRIVATE_ALLOW`, comma-separated; default
+    /// none). Builds the operator starts on the host reach any registry.
+    pub image_registry_private_allow: Vec<siesta_image::IpNet>,
     /// Most MiB of one layer an image build pulls
     /// (`SIESTA_IMAGE_MAX_LAYER_MIB`, default 16384).
     pub image_max_layer_mib: u64,
@@ -174,6 +180,7 @@ impl NodeConfig {
             memory_return: true,
             ksm_pages_to_scan: None,
             insecure_registries: Vec::new(),
+            image_registry_private_allow: Vec::new(),
             image_max_layer_mib: siesta_image::ImageLimits::DEFAULT.max_layer_bytes >> 20,
             image_max_unpacked_mib: siesta_image::ImageLimits::DEFAULT.max_unpacked_bytes >> 20,
             image_max_entries: siesta_image::ImageLimits::DEFAULT.max_entries,
@@ -228,6 +235,10 @@ impl NodeConfig {
                 .filter(|r| !r.is_empty())
                 .map(str::to_string)
                 .collect();
+        }
+        if let Ok(list) = std::env::var(siesta_image::ALLOW_ENV) {
+            config.image_registry_private_allow = registry_private_allow(list.split(','))
+                .map_err(|e| format!("{}: {e}", siesta_image::ALLOW_ENV))?;
         }
         for (name, field) in [
             (
@@ -300,6 +311,15 @@ impl NodeConfig {
         }
     }
 
+    /// Where the pull of an image build asked for through the API may
+    /// connect: public addresses, and the networks of
+    /// `image_registry_private_allow` (docs/security.md, M7).
+    pub fn api_image_reach(&self) -> siesta_image::Reach {
+        siesta_image::Reach::Public {
+            allow: self.image_registry_private_allow.clone(),
+        }
+    }
+
     pub fn layout(&self) -> crate::layout::Layout {
         let layout = crate::layout::Layout::new(&self.home);
         match &self.sandbox_root {
@@ -324,6 +344,22 @@ pub fn parse_dns(s: &str) -> Result<std::net::SocketAddr, String> {
     }
     s.parse()
         .map_err(|_| format!("{s:?} is not an address or address:port"))
+}
+
+/// The networks of `image_registry_private_allow` (CIDRs or single
+/// addresses; blanks skipped), checked as `siesta_image::Reach::public`
+/// checks them (no link-local space).
+pub fn registry_private_allow<'a>(
+    nets: impl IntoIterator<Item = &'a str>,
+) -> Result<Vec<siesta_image::IpNet>, String> {
+    let nets = nets
+        .into_iter()
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+        .map(str::parse)
+        .collect::<Result<Vec<siesta_image::IpNet>, String>>()?;
+    siesta_image::Reach::public(nets.clone())?;
+    Ok(nets)
 }
 
 /// `0` or `1` from the environment; unset is `None`.

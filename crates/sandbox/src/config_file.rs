@@ -68,6 +68,8 @@ pub struct NodeSection {
     pub memory_return: Option<bool>,
     pub ksm_pages_to_scan: Option<u32>,
     pub insecure_registries: Option<Vec<String>>,
+    /// Private networks API image builds may pull from (CIDRs).
+    pub image_registry_private_allow: Option<Vec<String>>,
     pub image_max_layer_mib: Option<u64>,
     pub image_max_unpacked_mib: Option<u64>,
     pub image_max_entries: Option<u64>,
@@ -176,6 +178,11 @@ impl ConfigFile {
         if let Some(dns) = &n.egress_dns {
             config.egress_dns =
                 Some(crate::config::parse_dns(dns).map_err(|e| format!("node.egress_dns: {e}"))?);
+        }
+        if let Some(nets) = &n.image_registry_private_allow {
+            config.image_registry_private_allow =
+                crate::config::registry_private_allow(nets.iter().map(String::as_str))
+                    .map_err(|e| format!("node.image_registry_private_allow: {e}"))?;
         }
         if let Some(nets) = &n.guest_private_allow {
             config.guest_boundary = guest_boundary(nets)?;
@@ -287,6 +294,38 @@ mod tests {
             let err = file.apply(&mut NodeConfig::new("/h")).unwrap_err();
             assert!(
                 err.contains("node.guest_private_allow") && err.contains(why),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_operator_opens_private_registries_to_api_builds_but_not_link_local_space() {
+        let mut config = NodeConfig::new("/h");
+        let closed = config.api_image_reach();
+        assert!(closed.check("r", "127.0.0.1".parse().unwrap()).is_err());
+        ConfigFile::parse(
+            "[node]\nimage_registry_private_allow = [\"127.0.0.1/32\", \"::1\", \"10.1.0.0/16\"]\n",
+        )
+        .unwrap()
+        .apply(&mut config)
+        .unwrap();
+        let opened = config.api_image_reach();
+        for ip in ["127.0.0.1", "::1", "10.1.2.3"] {
+            assert!(opened.check("r", ip.parse().unwrap()).is_ok(), "{ip}");
+        }
+        assert!(opened.check("r", "10.2.0.1".parse().unwrap()).is_err());
+        for (bad, why) in [
+            ("[\"169.254.169.254\"]", "link-local"),
+            ("[\"0.0.0.0/0\"]", "link-local"),
+            ("[\"10.1\"]", "not an IP address"),
+        ] {
+            let file =
+                ConfigFile::parse(&format!("[node]\nimage_registry_private_allow = {bad}\n"))
+                    .unwrap();
+            let err = file.apply(&mut NodeConfig::new("/h")).unwrap_err();
+            assert!(
+                err.contains("node.image_registry_private_allow") && err.contains(why),
                 "{err}"
             );
         }

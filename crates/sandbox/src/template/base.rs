@@ -38,12 +38,14 @@ impl Base {
             BuildSource::Image {
                 reference,
                 credentials,
+                reach,
             } => {
                 let parsed = siesta_image::ImageSource::parse(reference)?;
                 let opts = siesta_image::FetchOptions {
                     credentials: credentials.clone(),
                     insecure_registries: node.config.insecure_registries.clone(),
                     limits: node.config.image_limits(),
+                    reach: reach.clone(),
                 };
                 let store = from_image::open_cache(node)?;
                 let image = from_image::fetch(&store, &parsed, &opts, log).await?;

@@ -24,6 +24,13 @@ pub enum BuildSource {
         /// Registry credentials; never part of the cache key or a log.
         #[serde(skip)]
         credentials: Option<siesta_image::Credentials>,
+        /// Where its pull may connect: anywhere for a build the operator
+        /// started on the host, public addresses (and the networks of
+        /// `[node] image_registry_private_allow`) for one asked for through
+        /// the API (`NodeConfig::api_image_reach`). Not part of the cache
+        /// key: the image's digest is.
+        #[serde(skip)]
+        reach: siesta_image::Reach,
     },
 }
 

@@ -319,7 +319,8 @@ pub async fn start(
             format!("template {template_id:?} is being built already"),
         ));
     }
-    let source = source_of(&req)?;
+    let source = source_of(&req, st.manager.node().config.api_image_reach())?;
+    refuse_closed_registry(&source).await?;
     let steps = req
         .steps
         .iter()
@@ -353,7 +354,10 @@ fn rebuild_from(req: &StartBuild) -> Option<usize> {
     req.steps.iter().position(|s| s.force).map(|i| i + 1)
 }
 
-fn source_of(req: &StartBuild) -> Result<BuildSource, ApiError> {
+/// What the build starts from; an image's pull gets `reach` (the node's
+/// [`siesta_sandbox::NodeConfig::api_image_reach`]: public addresses and
+/// the networks the operator opened).
+fn source_of(req: &StartBuild, reach: siesta_image::Reach) -> Result<BuildSource, ApiError> {
     match (&req.from_template, &req.from_image) {
         (Some(t), _) => Ok(BuildSource::Template(template_name(t)?)),
         (None, Some(image)) if is_e2b_base(image) => {
@@ -362,9 +366,34 @@ fn source_of(req: &StartBuild) -> Result<BuildSource, ApiError> {
         (None, Some(image)) => Ok(BuildSource::Image {
             reference: image_reference(image)?,
             credentials: credentials_of(req.from_image_registry.as_ref())?,
+            reach,
         }),
         (None, None) => Ok(BuildSource::Template(DEFAULT_TEMPLATE.into())),
     }
+}
+
+/// A 400 for an image whose registry is at an address the build's pull
+/// may not reach (loopback, private, link-local, ...: M7 of the security
+/// review), naming the host, its address and the setting that opens it.
+/// The registry's name is resolved here and every address checked, so
+/// the client hears it at once; the pull checks again as it connects
+/// (its token service and redirects too), so a name that resolves
+/// otherwise by then is refused in the build's log.
+async fn refuse_closed_registry(source: &BuildSource) -> Result<(), ApiError> {
+    let BuildSource::Image {
+        reference, reach, ..
+    } = source
+    else {
+        return Ok(());
+    };
+    let bad = |e: siesta_image::ImageError| {
+        ApiError::new(StatusCode::BAD_REQUEST, format!("fromImage: {e}"))
+    };
+    siesta_image::ImageSource::parse(reference)
+        .map_err(bad)?
+        .check_reach(reach)
+        .await
+        .map_err(bad)
 }
 
 /// A registry reference (local `oci:`/`docker-archive:` paths are the CLI's:
@@ -724,5 +753,74 @@ pub async fn delete(
             StatusCode::NOT_FOUND,
             format!("template or snapshot {id:?} not found"),
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    fn start_body(image: &str) -> StartBuild {
+        serde_json::from_value(json!({ "fromImage": image })).unwrap()
+    }
+
+    /// The attack of M7: `fromImage` naming the node's own loopback (its
+    /// etcd, a local registry), by address or by name. The build is
+    /// refused with a 400 before anything connects there; opened by the
+    /// operator, the same request passes.
+    #[tokio::test]
+    async fn an_image_on_loopback_is_refused_unless_the_operator_opens_it() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let seen = accepted.clone();
+        std::thread::spawn(move || {
+            for _ in listener.incoming().flatten() {
+                seen.fetch_add(1, Ordering::SeqCst);
+            }
+        });
+        let closed = siesta_sandbox::NodeConfig::new("/nonexistent").api_image_reach();
+        for (image, address) in [
+            (
+                format!("127.0.0.1:{port}/v3/kv:x"),
+                "`127.0.0.1` is a loopback address",
+            ),
+            (
+                format!("localhost:{port}/team/app:1"),
+                "`localhost` resolves to 127.0.0.1, a loopback address",
+            ),
+        ] {
+            let source = source_of(&start_body(&image), closed.clone()).unwrap();
+            let e = refuse_closed_registry(&source).await.unwrap_err();
+            assert_eq!(e.status, StatusCode::BAD_REQUEST);
+            for part in [
+                image.as_str(),
+                address,
+                "image_registry_private_allow = [\"127.0.0.1/32\"]",
+                "SIESTA_IMAGE_REGISTRY_PRIVATE_ALLOW=127.0.0.1/32",
+            ] {
+                assert!(e.message.contains(part), "{part:?} not in {}", e.message);
+            }
+        }
+        let opened = siesta_image::Reach::public(vec!["127.0.0.1/32".parse().unwrap()]).unwrap();
+        let source = source_of(&start_body(&format!("127.0.0.1:{port}/a:b")), opened).unwrap();
+        assert!(refuse_closed_registry(&source).await.is_ok());
+        assert_eq!(accepted.load(Ordering::SeqCst), 0, "the check connected");
+    }
+
+    #[tokio::test]
+    async fn templates_and_the_e2b_base_image_need_no_registry() {
+        let closed = siesta_image::Reach::public(vec![]).unwrap();
+        for body in [
+            json!({"fromTemplate": "base"}),
+            json!({"fromImage": "e2bdev/base"}),
+        ] {
+            let req: StartBuild = serde_json::from_value(body).unwrap();
+            let source = source_of(&req, closed.clone()).unwrap();
+            assert!(matches!(source, BuildSource::Template(_)));
+            assert!(refuse_closed_registry(&source).await.is_ok());
+        }
     }
 }
