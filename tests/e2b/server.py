@@ -19,6 +19,11 @@ REAL_HOME = Path(os.environ.get("SIESTA_HOME", "/var/lib/siesta"))
 BINARY = Path(os.environ.get("SIESTA_BIN", ROOT / "target/release/siesta"))
 
 
+# What test servers open to API image builds: their registries' loopback
+# address, nothing more.
+REGISTRY_PRIVATE_ALLOW = "127.0.0.1/32"
+
+
 class SetupError(RuntimeError):
     """The machine is not ready for a real server: what to run is in the
     message."""
@@ -178,6 +183,10 @@ class SiestaServer:
             SIESTA_NET_TAG=self.tag,
             SIESTA_NET_SUBNET=self.subnet,
             SIESTA_EGRESS_DNS=f"127.0.0.1:{self.egress_dns_port}",
+            # The tests' registries (docker-registry, hostile ones) listen on
+            # 127.0.0.1, which image builds asked for through the API reach
+            # only when opened (docs/security.md, M7).
+            SIESTA_IMAGE_REGISTRY_PRIVATE_ALLOW=REGISTRY_PRIVATE_ALLOW,
             RUST_LOG=os.environ.get("RUST_LOG", "info"),
         )
         env.update(self.extra_env)
