@@ -149,6 +149,11 @@ pub struct UploadQuery {
 
 /// Upload a COPY archive through a signed link. It carries no API key (the
 /// SDK sends it with a plain client): the signed link authorises it.
+///
+/// The archive is not checked against `hash` (review L3): the SDKs'
+/// `filesHash` covers `COPY <src> <dest>` and the source files' paths,
+/// modes, sizes and bytes, not the tar they upload, so no check on these
+/// bytes would pass a real upload (docs/security.md, "Not yet held").
 #[utoipa::path(
     put, path = "/template-files/{hash}", tag = "templates", security(()),
     params(("hash" = String, Path, description = "SHA-256 of the archive"), UploadQuery),
