@@ -58,7 +58,13 @@ class Etcd:
                 time.sleep(0.1)
 
     def get(self, key: str) -> str | None:
-        """The value of `key`, through the JSON gateway."""
+        """The value of `key`, through the JSON gateway (sealed values
+        read as text with their undecodable bytes replaced)."""
+        raw = self.get_raw(key)
+        return None if raw is None else raw.decode(errors="replace")
+
+    def get_raw(self, key: str) -> bytes | None:
+        """The bytes stored at `key`, as anyone who reads etcd sees them."""
         enc = base64.b64encode(key.encode()).decode()
         for url in self.client_urls:
             try:
@@ -66,7 +72,7 @@ class Etcd:
             except httpx.HTTPError:
                 continue
             kvs = r.json().get("kvs") or []
-            return base64.b64decode(kvs[0].get("value", "")).decode() if kvs else None
+            return base64.b64decode(kvs[0].get("value", "")) if kvs else None
         raise RuntimeError("no etcd member answered")
 
     def stop(self) -> None:

@@ -9,10 +9,14 @@ is killed with SIGKILL, and once its lease expired the sandbox, paused
 again, is taken over by B (its pause fetched from the object store) and
 resumes there, files and process intact; A, started again, finds the
 sandbox moved and forwards to B instead of resuming its stale copy. A
-node stopped cleanly hands its sandboxes over at once."""
+node stopped cleanly hands its sandboxes over at once. What the nodes
+write to etcd is sealed with their cluster key (no token or env var in
+the clear), and a node checks the API key or the sandbox's token before
+it forwards a request (a request without them never reaches A)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 
@@ -25,6 +29,15 @@ from conftest import BINARY, _prepare_home
 from server import SiestaServer, net_subnet, net_tag, netns_of
 
 LEASE_SECS = 3
+
+
+@pytest.fixture(scope="module")
+def cluster_key(tmp_path_factory):
+    """The key file the nodes share (32 random bytes, mode 0600)."""
+    path = tmp_path_factory.mktemp("cluster-key") / "cluster.key"
+    path.write_bytes(os.urandom(32))
+    path.chmod(0o600)
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +55,7 @@ def infra():
         etcd.stop()
 
 
-def _node(name: str, tag: str, subnet: str, tmp_path_factory, etcd, weed) -> SiestaServer:
+def _node(name: str, tag: str, subnet: str, tmp_path_factory, etcd, weed, key) -> SiestaServer:
     home = _prepare_home()
     log = tmp_path_factory.mktemp(f"node-{name}") / "siesta.log"
     node = SiestaServer(BINARY, home, log)
@@ -51,17 +64,21 @@ def _node(name: str, tag: str, subnet: str, tmp_path_factory, etcd, weed) -> Sie
         "SIESTA_ETCD_ENDPOINTS": ",".join(etcd.client_urls),
         "SIESTA_NODE_ID": name,
         "SIESTA_NODE_LEASE_SECS": str(LEASE_SECS),
+        "SIESTA_CLUSTER_KEY_FILE": str(key),
+        # The test's etcd listens on 127.0.0.1 only, in plain HTTP
+        # (TLS and auth against a real etcd: crates/cluster/tests).
+        "SIESTA_INSECURE_ETCD": "true",
         **weed.env(),
     }
     return node
 
 
 @pytest.fixture(scope="module")
-def nodes(infra, tmp_path_factory):
+def nodes(infra, tmp_path_factory, cluster_key):
     etcd, weed = infra
     # Tags and subnets of neither the session's server nor the config test's.
-    a = _node("a", net_tag("ca"), net_subnet(190, 5), tmp_path_factory, etcd, weed)
-    b = _node("b", net_tag("cb"), net_subnet(195, 5), tmp_path_factory, etcd, weed)
+    a = _node("a", net_tag("ca"), net_subnet(190, 5), tmp_path_factory, etcd, weed, cluster_key)
+    b = _node("b", net_tag("cb"), net_subnet(195, 5), tmp_path_factory, etcd, weed, cluster_key)
     leftovers: list[str] = []
     try:
         a.start()
@@ -99,6 +116,37 @@ def _assert_intact(box: Sandbox, pid: int, count: int) -> None:
     assert now_pid == pid and now > count, (pid, count, now_pid, now)
 
 
+def _assert_sealed(etcd, sid: str, box: Sandbox) -> None:
+    """Whoever reads etcd finds neither the sandbox's token, its env vars
+    nor node A's address in the clear."""
+    token = box._envd_access_token
+    assert token
+    for key in (f"/siesta/sandboxes/{sid}", "/siesta/nodes/a"):
+        raw = etcd.get_raw(key)
+        assert raw is not None and raw.startswith(b"siesta-sealed-v1:"), key
+        for secret in (token.encode(), b"env-value-7f3a", b"CLUSTER_SECRET", b"127.0.0.1"):
+            assert secret not in raw, f"{key} holds {secret!r} in the clear"
+
+
+def _assert_checked_before_forwarding(b: SiestaServer, sid: str) -> None:
+    """Through B, for a sandbox A holds: a control call without the API
+    key and envd traffic without the sandbox's token get B's 401 (no
+    `x-siesta-node`: nothing was forwarded) and wake nothing."""
+    keyless = httpx.get(f"{b.url}/sandboxes/{sid}", timeout=30)
+    assert keyless.status_code == 401, keyless.text
+    assert "x-siesta-node" not in keyless.headers
+    envd = httpx.get(
+        f"{b.url}/health",
+        headers={"E2b-Sandbox-Id": sid, "E2b-Sandbox-Port": "49983"},
+        timeout=30,
+    )
+    assert envd.status_code == 401, envd.text
+    assert "x-siesta-node" not in envd.headers
+    still = b.api("GET", f"/sandboxes/{sid}")
+    assert still.status_code == 200 and still.json()["state"] == "paused", still.text
+    assert still.headers.get("x-siesta-node") == "a"
+
+
 def _wait(what: str, limit: float, check) -> None:
     deadline = time.monotonic() + limit
     while not check():
@@ -110,7 +158,7 @@ def test_a_sandbox_moves_between_nodes(nodes, infra, monkeypatch):
     a, b = nodes
     etcd, _ = infra
     _point_sdk(monkeypatch, a)
-    box = Sandbox.create(template="base", timeout=600)
+    box = Sandbox.create(template="base", timeout=600, envs={"CLUSTER_SECRET": "env-value-7f3a"})
     sid = box.sandbox_id
     try:
         box.files.write("/home/user/note", "written-on-a")
@@ -126,6 +174,8 @@ def test_a_sandbox_moves_between_nodes(nodes, infra, monkeypatch):
         pid, count = _counter(box)
         assert box.pause() is True
         assert etcd.get(f"/siesta/owners/{sid}") == "a"
+        _assert_sealed(etcd, sid, box)
+        _assert_checked_before_forwarding(b, sid)
 
         # Through B: B forwards to A, which resumes it.
         _point_sdk(monkeypatch, b)
@@ -195,23 +245,33 @@ def test_a_node_stopped_cleanly_hands_its_sandboxes_over(nodes, infra, monkeypat
         print(f"kill {sid} through b: {killed.status_code} {killed.text}")
 
 
-def test_a_node_without_etcd_says_so():
+def test_a_node_without_etcd_says_so(cluster_key):
     """A node given an etcd that does not answer refuses to start, saying
     which endpoints it tried, rather than running outside its cluster."""
     import subprocess
 
     home = _prepare_home()
     tag = net_tag("ce")
-    try:
-        done = subprocess.run(
-            [str(BINARY), "serve", "--listen", "127.0.0.1:1", "--etcd", "http://127.0.0.1:9"],
-            env={"SIESTA_HOME": str(home), "PATH": "/usr/bin:/bin:/usr/sbin:/sbin",
-                 "SIESTA_NET_TAG": tag, "SIESTA_NET_SUBNET": net_subnet(185, 5)},
-            capture_output=True, text=True, timeout=120,
+    env = {"SIESTA_HOME": str(home), "PATH": "/usr/bin:/bin:/usr/sbin:/sbin",
+           "SIESTA_NET_TAG": tag, "SIESTA_NET_SUBNET": net_subnet(185, 5),
+           "SIESTA_CLUSTER_KEY_FILE": str(cluster_key)}
+
+    def serve(*extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [str(BINARY), "serve", "--listen", "127.0.0.1:1", "--etcd", "http://127.0.0.1:9",
+             *extra],
+            env=env, capture_output=True, text=True, timeout=120,
         )
+
+    try:
+        done = serve("--insecure-etcd")
+        # Plain HTTP without saying so is refused before anything is tried.
+        plain = serve()
     finally:
         shutil.rmtree(home, ignore_errors=True)
     assert done.returncode != 0
     assert "joining the cluster at http://127.0.0.1:9" in done.stderr, done.stderr
     assert "no etcd member answered" in done.stderr, done.stderr
+    assert plain.returncode != 0
+    assert "--insecure-etcd" in plain.stderr, plain.stderr
     assert not netns_of(tag)

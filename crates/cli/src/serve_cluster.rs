@@ -5,16 +5,45 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::path::PathBuf;
+
 use anyhow::Context;
-use siesta_cluster::{Cluster, ClusterConfig};
+use siesta_cluster::{Cluster, ClusterConfig, ClusterKey, EtcdConfig};
 use siesta_sandbox::SandboxManager;
 
 #[derive(clap::Args, Default)]
 pub struct ClusterArgs {
-    /// etcd client URLs, comma-separated (`http://10.0.0.1:2379,...`):
+    /// etcd client URLs, comma-separated (`https://10.0.0.1:2379,...`):
     /// joins the cluster kept there. None: this node works alone.
     #[arg(long, env = "SIESTA_ETCD_ENDPOINTS", value_delimiter = ',')]
     etcd: Vec<String>,
+    /// The file of the key every node of the cluster shares (at least 32
+    /// random bytes, mode 0600): what the nodes write to etcd is sealed
+    /// with it. Required with --etcd.
+    #[arg(long, env = "SIESTA_CLUSTER_KEY_FILE")]
+    cluster_key_file: Option<PathBuf>,
+    /// PEM CA bundle that etcd's certificates are checked against.
+    #[arg(long, env = "SIESTA_ETCD_CA")]
+    etcd_ca: Option<PathBuf>,
+    /// PEM client certificate for etcd (with --etcd-key), for members
+    /// started with --client-cert-auth. It must have no CommonName: etcd's
+    /// JSON gateway refuses one that has.
+    #[arg(long, env = "SIESTA_ETCD_CERT", requires = "etcd_key")]
+    etcd_cert: Option<PathBuf>,
+    /// The client certificate's PEM key.
+    #[arg(long, env = "SIESTA_ETCD_KEY", requires = "etcd_cert")]
+    etcd_key: Option<PathBuf>,
+    /// etcd user to sign in as (with --etcd-password-file), when etcd has
+    /// auth enabled.
+    #[arg(long, env = "SIESTA_ETCD_USER", requires = "etcd_password_file")]
+    etcd_user: Option<String>,
+    /// File whose first line is the etcd user's password.
+    #[arg(long, env = "SIESTA_ETCD_PASSWORD_FILE", requires = "etcd_user")]
+    etcd_password_file: Option<PathBuf>,
+    /// Allow plain-HTTP etcd endpoints (a test network on one host):
+    /// whoever is on the path reads and rewrites the cluster's state.
+    #[arg(long, env = "SIESTA_INSECURE_ETCD")]
+    insecure_etcd: bool,
     /// This node's id in the cluster (default: the host name and the
     /// API port, `HOST-PORT`).
     #[arg(long, env = "SIESTA_NODE_ID")]
@@ -53,8 +82,24 @@ impl ClusterArgs {
             Some(id) => id.clone(),
             None => format!("{}-{}", host_name(), listen.port()),
         };
-        Ok(Some(ClusterConfig {
+        let Some(key_file) = &self.cluster_key_file else {
+            anyhow::bail!(
+                "joining a cluster needs --cluster-key-file (SIESTA_CLUSTER_KEY_FILE): the same \
+                 file of at least 32 random bytes on every node, mode 0600 \
+                 (`head -c 32 /dev/urandom > cluster.key && chmod 600 cluster.key`)"
+            );
+        };
+        let key = ClusterKey::load(key_file)?;
+        let etcd = EtcdConfig {
             endpoints,
+            ca: self.etcd_ca.clone(),
+            client_cert: self.etcd_cert.clone().zip(self.etcd_key.clone()),
+            user: self.etcd_user.clone().zip(self.etcd_password_file.clone()),
+            insecure: self.insecure_etcd,
+        };
+        Ok(Some(ClusterConfig {
+            etcd,
+            key: Arc::new(key),
             node_id,
             advertise,
             lease_ttl: Duration::from_secs(self.node_lease_secs.max(2)),
@@ -80,7 +125,7 @@ pub async fn join(
     let Some(config) = args.config(listen)? else {
         return Ok(None);
     };
-    let endpoints = config.endpoints.join(",");
+    let endpoints = config.etcd.endpoints.join(",");
     let cluster = Cluster::join(config)
         .await
         .with_context(|| format!("joining the cluster at {endpoints}"))?;
@@ -105,13 +150,34 @@ pub async fn join(
 mod tests {
     use super::*;
 
+    /// A key file that lives as long as the test process (leaked on
+    /// purpose: a few bytes in a temporary directory).
+    fn key_file() -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap().keep();
+        let path = dir.join("cluster.key");
+        std::fs::write(&path, [9u8; 32]).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        path
+    }
+
     fn args(etcd: &[&str], advertise: Option<&str>) -> ClusterArgs {
         ClusterArgs {
             etcd: etcd.iter().map(|s| s.to_string()).collect(),
-            node_id: None,
+            cluster_key_file: Some(key_file()),
             advertise: advertise.map(String::from),
             node_lease_secs: 10,
+            ..ClusterArgs::default()
         }
+    }
+
+    #[test]
+    fn a_cluster_needs_its_key() {
+        let listen = "127.0.0.1:3001".parse().unwrap();
+        let mut a = args(&["https://e:2379"], None);
+        a.cluster_key_file = None;
+        let err = a.config(listen).unwrap_err().to_string();
+        assert!(err.contains("--cluster-key-file"), "{err}");
     }
 
     #[test]
@@ -131,6 +197,8 @@ mod tests {
         assert_eq!(c.advertise, "127.0.0.1:3001");
         assert!(c.node_id.ends_with("-3001"), "{}", c.node_id);
         assert_eq!(c.lease_ttl, Duration::from_secs(10));
+        assert_eq!(c.etcd.endpoints, ["http://e:2379"]);
+        assert!(!c.etcd.insecure, "plain HTTP is refused at join, not here");
     }
 
     #[test]

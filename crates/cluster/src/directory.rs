@@ -9,6 +9,9 @@
 //! is a transaction on that key, so a node that was taken over (its lease
 //! ran out while it was cut off) cannot overwrite the new owner's row.
 //!
+//! The row and the stored pause are sealed with the cluster key
+//! ([`crate::seal`]); a value that does not open is not believed.
+//!
 //! Rows reach etcd from the node's SQLite store through [`RowWriter`] (the
 //! store's [`RowObserver`]), in the order they were committed, by one
 //! background task: SQLite stays the node's own truth and a slow etcd
@@ -20,6 +23,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::error::{Error, Result};
 use crate::etcd::{Compare, Etcd, Op};
+use crate::state::ClusterState;
 
 const OWNERS: &str = "/siesta/owners/";
 const ROWS: &str = "/siesta/sandboxes/";
@@ -49,28 +53,39 @@ pub struct Owned {
 }
 
 /// The owner and row of sandbox `id`, if any node holds it.
-pub(crate) async fn lookup(etcd: &Etcd, id: &str) -> Result<Option<Owned>> {
-    let Some(owner) = etcd.get(&owner_key(id)).await? else {
+pub(crate) async fn lookup(st: &ClusterState, id: &str) -> Result<Option<Owned>> {
+    let Some(owner) = st.etcd.get(&owner_key(id)).await? else {
         return Ok(None);
     };
-    let row = match etcd.get(&row_key(id)).await? {
-        Some(kv) => Some(
-            serde_json::from_slice(&kv.value).map_err(|e| Error::BadRecord {
-                key: kv.key,
-                detail: e.to_string(),
-            })?,
-        ),
+    let row = match st.get_sealed(&row_key(id)).await? {
+        Some(value) => Some(parse_row(&row_key(id), &value)?),
         None => None,
     };
-    let stored = etcd
-        .get(&stored_key(id))
+    let stored = st
+        .get_sealed(&stored_key(id))
         .await?
-        .map(|kv| String::from_utf8_lossy(&kv.value).into_owned());
+        .map(|value| String::from_utf8_lossy(&value).into_owned());
     Ok(Some(Owned {
         node: String::from_utf8_lossy(&owner.value).into_owned(),
         row,
         stored,
     }))
+}
+
+fn parse_row(key: &str, value: &[u8]) -> Result<SandboxRecord> {
+    let row: SandboxRecord = serde_json::from_slice(value).map_err(|e| Error::BadRecord {
+        key: key.to_string(),
+        detail: e.to_string(),
+    })?;
+    // Sealed for this key, so written by a node for this sandbox; checked
+    // anyway, since takeover joins the id into paths.
+    if key.strip_prefix(ROWS) != Some(row.id.as_str()) {
+        return Err(Error::BadRecord {
+            key: key.to_string(),
+            detail: format!("it names sandbox {:?}", row.id),
+        });
+    }
+    Ok(row)
 }
 
 /// A sandbox row as the cluster holds it.
@@ -86,28 +101,31 @@ pub struct ClusterRow {
 
 /// Every row in etcd (three range reads), `live` naming the live nodes.
 pub(crate) async fn all_rows(
-    etcd: &Etcd,
+    st: &ClusterState,
     live: &std::collections::HashSet<String>,
 ) -> Result<Vec<ClusterRow>> {
     let text = |kv: crate::etcd::KeyValue, prefix: &str| {
         let id = kv.key.strip_prefix(prefix).unwrap_or(&kv.key).to_string();
         (id, String::from_utf8_lossy(&kv.value).into_owned())
     };
-    let owners: std::collections::HashMap<String, String> = etcd
+    let owners: std::collections::HashMap<String, String> = st
+        .etcd
         .get_prefix(OWNERS)
         .await?
         .into_iter()
         .map(|kv| text(kv, OWNERS))
         .collect();
-    let stored: std::collections::HashSet<String> = etcd
+    let stored: std::collections::HashSet<String> = st
+        .etcd
         .get_prefix(STORED)
         .await?
         .into_iter()
+        .filter(|kv| st.open(kv).is_ok())
         .map(|kv| text(kv, STORED).0)
         .collect();
     let mut out = Vec::new();
-    for kv in etcd.get_prefix(ROWS).await? {
-        let row: SandboxRecord = match serde_json::from_slice(&kv.value) {
+    for kv in st.etcd.get_prefix(ROWS).await? {
+        let row = match st.open(&kv).and_then(|v| parse_row(&kv.key, &v)) {
             Ok(r) => r,
             Err(e) => {
                 tracing::warn!(key = kv.key, "skipping an unreadable cluster row: {e}");
@@ -170,14 +188,14 @@ pub struct RowWriter {
 
 impl RowWriter {
     /// Starts the writer task for node `me`.
-    pub(crate) fn start(etcd: Etcd, me: String) -> Self {
+    pub(crate) fn start(st: ClusterState, me: String) -> Self {
         let (tx, mut rx) = mpsc::unbounded_channel();
         tokio::spawn(async move {
             while let Some(change) = rx.recv().await {
                 match change {
-                    Change::Row(id, row) => write(&etcd, &me, &id, row.as_deref()).await,
+                    Change::Row(id, row) => write(&st, &me, &id, row.as_deref()).await,
                     Change::Stored(id, snap) => {
-                        if let Err(e) = write_stored(&etcd, &me, &id, snap).await {
+                        if let Err(e) = write_stored(&st, &me, &id, snap).await {
                             tracing::warn!(sandbox = id, "recording its stored pause: {e}");
                         }
                     }
@@ -213,10 +231,10 @@ impl RowObserver for RowWriter {
     }
 }
 
-async fn write(etcd: &Etcd, me: &str, id: &str, row: Option<&SandboxRecord>) {
+async fn write(st: &ClusterState, me: &str, id: &str, row: Option<&SandboxRecord>) {
     let result = match row {
-        Some(row) => put_row(etcd, me, id, row).await,
-        None => delete_row(etcd, me, id).await,
+        Some(row) => put_row(st, me, id, row).await,
+        None => delete_row(&st.etcd, me, id).await,
     };
     match result {
         Ok(true) => {}
@@ -229,16 +247,13 @@ async fn write(etcd: &Etcd, me: &str, id: &str, row: Option<&SandboxRecord>) {
     }
 }
 
-async fn put_row(etcd: &Etcd, me: &str, id: &str, row: &SandboxRecord) -> Result<bool> {
+async fn put_row(st: &ClusterState, me: &str, id: &str, row: &SandboxRecord) -> Result<bool> {
     let value = serde_json::to_vec(row).map_err(|e| Error::BadRecord {
         key: row_key(id),
         detail: e.to_string(),
     })?;
-    let put_row = Op::Put {
-        key: row_key(id),
-        value,
-        lease: None,
-    };
+    let put_row = st.sealed_put(row_key(id), &value, None)?;
+    let etcd = &st.etcd;
     let mine = Compare::ValueIs(owner_key(id), me.as_bytes().to_vec());
     if etcd.txn(&[mine], std::slice::from_ref(&put_row)).await? {
         return Ok(true);
@@ -259,17 +274,18 @@ async fn put_row(etcd: &Etcd, me: &str, id: &str, row: &SandboxRecord) -> Result
 }
 
 /// Records (or clears) the stored pause of sandbox `id`, if `me` owns it.
-async fn write_stored(etcd: &Etcd, me: &str, id: &str, snapshot: Option<String>) -> Result<bool> {
+async fn write_stored(
+    st: &ClusterState,
+    me: &str,
+    id: &str,
+    snapshot: Option<String>,
+) -> Result<bool> {
     let mine = Compare::ValueIs(owner_key(id), me.as_bytes().to_vec());
     let op = match snapshot {
-        Some(snap) => Op::Put {
-            key: stored_key(id),
-            value: snap.into_bytes(),
-            lease: None,
-        },
+        Some(snap) => st.sealed_put(stored_key(id), snap.as_bytes(), None)?,
         None => Op::Delete(stored_key(id)),
     };
-    etcd.txn(&[mine], &[op]).await
+    st.etcd.txn(&[mine], &[op]).await
 }
 
 async fn delete_row(etcd: &Etcd, me: &str, id: &str) -> Result<bool> {

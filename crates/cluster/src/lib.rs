@@ -15,20 +15,26 @@ mod error;
 pub mod etcd;
 pub mod membership;
 pub mod reconcile;
+pub mod seal;
+mod state;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 pub use directory::{ClusterRow, Owned, RowWriter};
 pub use error::{Error, Result};
-pub use etcd::Etcd;
+pub use etcd::{Etcd, EtcdConfig};
 pub use membership::NodeInfo;
+pub use seal::ClusterKey;
+use state::ClusterState;
 
 /// How a node joins the cluster.
 #[derive(Debug, Clone)]
 pub struct ClusterConfig {
-    /// etcd client URLs, tried in order.
-    pub endpoints: Vec<String>,
+    /// Where etcd is and how this node signs in to it.
+    pub etcd: EtcdConfig,
+    /// The key every node of the cluster shares ([`seal`]).
+    pub key: Arc<ClusterKey>,
     /// This node's id, unique in the cluster.
     pub node_id: String,
     /// `host:port` at which the other nodes reach this node's API.
@@ -45,11 +51,11 @@ pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(10);
 /// little) for it to free: that is this node's own registration from
 /// before a crash and restart, which expires. A live node with the same id
 /// keeps renewing it, and this one is then refused.
-async fn register_when_free(etcd: &Etcd, me: &NodeInfo, ttl: Duration) -> Result<i64> {
+async fn register_when_free(st: &ClusterState, me: &NodeInfo, ttl: Duration) -> Result<i64> {
     let deadline = tokio::time::Instant::now() + ttl + Duration::from_secs(2);
     let mut told = false;
     loop {
-        match membership::register(etcd, me, ttl).await {
+        match membership::register(st, me, ttl).await {
             Err(Error::NodeIdTaken { .. }) if tokio::time::Instant::now() < deadline => {
                 if !told {
                     tracing::info!(
@@ -72,15 +78,15 @@ pub enum Location {
     Unknown,
     /// This node holds it.
     Here,
-    /// A live node holds it.
-    Elsewhere(NodeInfo),
+    /// A live node holds it, with its row as that node last wrote it.
+    Elsewhere(NodeInfo, Box<Owned>),
     /// A node whose lease expired holds it: it may be taken over.
     Orphaned(Box<Owned>),
 }
 
 /// This node's membership of the cluster.
 pub struct Cluster {
-    etcd: Etcd,
+    st: ClusterState,
     me: Arc<NodeInfo>,
     rows: Arc<RowWriter>,
     stop: tokio::sync::watch::Sender<bool>,
@@ -98,24 +104,27 @@ impl Cluster {
                 config.node_id
             )));
         }
-        let etcd = Etcd::new(config.endpoints)?;
+        let st = ClusterState {
+            etcd: Etcd::new(&config.etcd)?,
+            key: config.key,
+        };
         let me = Arc::new(NodeInfo {
             id: config.node_id,
             api: config.advertise,
         });
-        let lease = register_when_free(&etcd, &me, config.lease_ttl).await?;
+        let lease = register_when_free(&st, &me, config.lease_ttl).await?;
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let renewer = tokio::spawn(membership::keep_registered(
-            etcd.clone(),
+            st.clone(),
             me.clone(),
             lease,
             config.lease_ttl,
             stopped,
         ));
-        let rows = Arc::new(RowWriter::start(etcd.clone(), me.id.clone()));
+        let rows = Arc::new(RowWriter::start(st.clone(), me.id.clone()));
         tracing::info!(node = me.id, api = me.api, "joined the cluster");
         Ok(Arc::new(Self {
-            etcd,
+            st,
             me,
             rows,
             stop,
@@ -134,14 +143,14 @@ impl Cluster {
 
     /// Where sandbox `id` is.
     pub async fn locate(&self, id: &str) -> Result<Location> {
-        let Some(owned) = directory::lookup(&self.etcd, id).await? else {
+        let Some(owned) = directory::lookup(&self.st, id).await? else {
             return Ok(Location::Unknown);
         };
         if owned.node == self.me.id {
             return Ok(Location::Here);
         }
-        Ok(match membership::lookup(&self.etcd, &owned.node).await? {
-            Some(node) => Location::Elsewhere(node),
+        Ok(match membership::lookup(&self.st, &owned.node).await? {
+            Some(node) => Location::Elsewhere(node, Box::new(owned)),
             None => Location::Orphaned(Box::new(owned)),
         })
     }
@@ -149,13 +158,13 @@ impl Cluster {
     /// Claims sandbox `id` from node `from` (whose lease expired); false if
     /// another node claimed it first.
     pub async fn take_over(&self, id: &str, from: &str) -> Result<bool> {
-        directory::take_over(&self.etcd, id, from, &self.me.id).await
+        directory::take_over(&self.st.etcd, id, from, &self.me.id).await
     }
 
     /// Gives sandbox `id`, claimed by this node, back to node `to` (a
     /// takeover that could not finish: another node may try again).
     pub async fn give_back(&self, id: &str, to: &str) -> Result<bool> {
-        directory::take_over(&self.etcd, id, &self.me.id, to).await
+        directory::take_over(&self.st.etcd, id, &self.me.id, to).await
     }
 
     /// Writes out what is pending and deregisters: other nodes see this
@@ -172,19 +181,24 @@ impl Cluster {
     pub async fn rows(&self) -> Result<Vec<directory::ClusterRow>> {
         let live: std::collections::HashSet<String> =
             self.nodes().await?.into_iter().map(|n| n.id).collect();
-        directory::all_rows(&self.etcd, &live).await
+        directory::all_rows(&self.st, &live).await
     }
 
-    /// The nodes registered now.
+    /// The nodes registered now (a record that does not open with the
+    /// cluster key is no node of this cluster, and is passed over).
     pub async fn nodes(&self) -> Result<Vec<NodeInfo>> {
-        let kvs = self.etcd.get_prefix(membership::NODES).await?;
-        kvs.into_iter()
-            .map(|kv| {
-                serde_json::from_slice(&kv.value).map_err(|e| Error::BadRecord {
-                    key: kv.key,
-                    detail: e.to_string(),
-                })
-            })
-            .collect()
+        let kvs = self.st.etcd.get_prefix(membership::NODES).await?;
+        let mut nodes = Vec::new();
+        for kv in kvs {
+            match self
+                .st
+                .open(&kv)
+                .and_then(|v| membership::parse(&kv.key, &v))
+            {
+                Ok(node) => nodes.push(node),
+                Err(e) => tracing::warn!("not a node of this cluster: {e}"),
+            }
+        }
+        Ok(nodes)
     }
 }

@@ -1,6 +1,8 @@
 //! Node registration: `/siesta/nodes/<id>` under a lease the node keeps
 //! alive. When the node dies (or is cut off) the lease runs out, etcd
 //! deletes the key, and other nodes may take over its paused sandboxes.
+//! The record is sealed with the cluster key: a node that is not in the
+//! cluster cannot register itself and have requests forwarded to it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,7 +10,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::etcd::{Compare, Etcd, Op};
+use crate::etcd::Compare;
+use crate::state::ClusterState;
 
 pub(crate) const NODES: &str = "/siesta/nodes/";
 
@@ -27,15 +30,12 @@ pub(crate) fn node_key(id: &str) -> String {
 /// Registers `info` under a new lease of `ttl`; fails if a live node
 /// already holds the id (two nodes with one id would each take the
 /// other's sandboxes for their own).
-pub(crate) async fn register(etcd: &Etcd, info: &NodeInfo, ttl: Duration) -> Result<i64> {
+pub(crate) async fn register(st: &ClusterState, info: &NodeInfo, ttl: Duration) -> Result<i64> {
+    let etcd = &st.etcd;
     let lease = etcd.grant(ttl.as_secs().max(2)).await?;
     let value = serde_json::to_vec(info).map_err(|e| Error::Config(e.to_string()))?;
     let key = node_key(&info.id);
-    let put = Op::Put {
-        key: key.clone(),
-        value,
-        lease: Some(lease),
-    };
+    let put = st.sealed_put(key.clone(), &value, Some(lease))?;
     if etcd.txn(&[Compare::Absent(key)], &[put]).await? {
         Ok(lease)
     } else {
@@ -51,7 +51,7 @@ pub(crate) async fn register(etcd: &Etcd, info: &NodeInfo, ttl: Duration) -> Res
 /// A lease that expired anyway (etcd unreachable for longer than `ttl`)
 /// is registered again under a new one.
 pub(crate) async fn keep_registered(
-    etcd: Etcd,
+    st: ClusterState,
     info: Arc<NodeInfo>,
     mut lease: i64,
     ttl: Duration,
@@ -63,11 +63,11 @@ pub(crate) async fn keep_registered(
             _ = tokio::time::sleep(period) => {}
             _ = stop.changed() => break,
         }
-        match etcd.keep_alive(lease).await {
+        match st.etcd.keep_alive(lease).await {
             Ok(Some(_)) => {}
             Ok(None) => {
                 tracing::warn!(node = info.id, "cluster lease expired: registering again");
-                match register(&etcd, &info, ttl).await {
+                match register(&st, &info, ttl).await {
                     Ok(new) => lease = new,
                     Err(e) => tracing::warn!(node = info.id, "registering again: {e}"),
                 }
@@ -75,20 +75,30 @@ pub(crate) async fn keep_registered(
             Err(e) => tracing::warn!(node = info.id, "renewing the cluster lease: {e}"),
         }
     }
-    if let Err(e) = etcd.revoke(lease).await {
+    if let Err(e) = st.etcd.revoke(lease).await {
         tracing::warn!(node = info.id, "revoking the cluster lease: {e}");
     }
 }
 
 /// The node registered as `id`, if its lease is alive.
-pub(crate) async fn lookup(etcd: &Etcd, id: &str) -> Result<Option<NodeInfo>> {
-    let Some(kv) = etcd.get(&node_key(id)).await? else {
+pub(crate) async fn lookup(st: &ClusterState, id: &str) -> Result<Option<NodeInfo>> {
+    let Some(kv) = st.etcd.get(&node_key(id)).await? else {
         return Ok(None);
     };
-    serde_json::from_slice(&kv.value)
-        .map(Some)
-        .map_err(|e| Error::BadRecord {
-            key: kv.key,
-            detail: e.to_string(),
-        })
+    parse(&kv.key, &st.open(&kv)?).map(Some)
+}
+
+/// A node record, checked to be the node its key names.
+pub(crate) fn parse(key: &str, value: &[u8]) -> Result<NodeInfo> {
+    let info: NodeInfo = serde_json::from_slice(value).map_err(|e| Error::BadRecord {
+        key: key.to_string(),
+        detail: e.to_string(),
+    })?;
+    if key.strip_prefix(NODES) != Some(info.id.as_str()) {
+        return Err(Error::BadRecord {
+            key: key.to_string(),
+            detail: format!("it names node {:?}", info.id),
+        });
+    }
+    Ok(info)
 }

@@ -17,7 +17,7 @@ pub async fn drop_moved(cluster: &Cluster, manager: &SandboxManager) -> Result<V
             continue;
         }
         let owner = match cluster.locate(&sandbox.id).await? {
-            Location::Elsewhere(node) => node.id,
+            Location::Elsewhere(node, _) => node.id,
             Location::Orphaned(owned) if owned.node != cluster.node().id => owned.node,
             _ => continue,
         };

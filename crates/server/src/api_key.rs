@@ -55,6 +55,30 @@ impl ApiKeys {
     }
 }
 
+/// The 401 for a request whose `X-API-Key` is missing or not one of
+/// `keys`; `None` when it is one.
+pub(crate) fn refusal(
+    keys: &ApiKeys,
+    headers: &axum::http::HeaderMap,
+) -> Option<crate::error::ApiError> {
+    let given = headers
+        .get("x-api-key")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if keys.accepts(given) {
+        return None;
+    }
+    let msg = if given.is_empty() {
+        "missing X-API-KEY header (the node's key is in $SIESTA_HOME/secrets/api-key)"
+    } else {
+        "invalid API key"
+    };
+    Some(crate::error::ApiError::new(
+        axum::http::StatusCode::UNAUTHORIZED,
+        msg,
+    ))
+}
+
 /// True for a key of the shape the E2B SDKs accept: `e2b_` and hex digits.
 pub fn is_e2b_shaped(key: &str) -> bool {
     key.strip_prefix("e2b_").is_some_and(|hex| {

@@ -68,9 +68,14 @@ pub async fn serve(
     let cluster = options.cluster.clone();
     let manager = state.manager.clone();
     let control_keys = state.api_keys.clone();
-    let mut app = proxy::front(router(state), targets, control_keys);
+    let mut app = proxy::front(router(state), targets, control_keys.clone());
     if let Some(cluster) = cluster {
-        app = cluster_front::front(app, cluster_front::ClusterFront { cluster, manager });
+        let front = cluster_front::ClusterFront {
+            cluster,
+            manager,
+            api_keys: control_keys,
+        };
+        app = cluster_front::front(app, front);
     }
     // Outermost, so that the front door's refusals are covered too.
     let app = app.layer(axum::middleware::from_fn(unread_body::close_if_body_unread));

@@ -8,8 +8,16 @@
 //!
 //! Each call tries the configured endpoints in turn until one answers, so
 //! a cluster member that is down costs one connection attempt, not an
-//! error.
+//! error. With a user configured, the client signs in
+//! (`/v3/auth/authenticate`) and sends the token etcd hands out; a token
+//! etcd no longer knows (it restarted, or the token expired) is replaced
+//! by signing in again. TLS and the refusal of plain HTTP: [`connect`].
 
+mod connect;
+
+pub use connect::EtcdConfig;
+
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use base64::engine::general_purpose::STANDARD as B64;
@@ -55,24 +63,21 @@ pub enum Op {
 pub struct Etcd {
     endpoints: Vec<String>,
     http: reqwest::Client,
+    credentials: Option<connect::Credentials>,
+    /// The auth token of the last sign-in (none before it, or once etcd
+    /// stopped accepting it).
+    token: Arc<Mutex<Option<String>>>,
 }
 
 impl Etcd {
-    /// `endpoints` are client URLs (`http://127.0.0.1:2379`), tried in order.
-    pub fn new(endpoints: Vec<String>) -> Result<Self> {
-        if endpoints.is_empty() {
-            return Err(Error::Config("no etcd endpoint given".into()));
-        }
-        let http = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(1))
-            .timeout(CALL_TIMEOUT)
-            .build()
-            .map_err(|e| Error::Config(format!("HTTP client: {e}")))?;
-        let endpoints = endpoints
-            .into_iter()
-            .map(|e| e.trim_end_matches('/').to_string())
-            .collect();
-        Ok(Self { endpoints, http })
+    /// A client for the members `config` names (see [`EtcdConfig`]).
+    pub fn new(config: &EtcdConfig) -> Result<Self> {
+        Ok(Self {
+            endpoints: config.checked_endpoints()?,
+            http: config.http_client(CALL_TIMEOUT)?,
+            credentials: config.credentials()?,
+            token: Arc::default(),
+        })
     }
 
     pub fn endpoints(&self) -> &[String] {
@@ -142,13 +147,23 @@ impl Etcd {
         let deadline = tokio::time::Instant::now() + RETRY_FOR;
         let mut last = String::new();
         loop {
+            let token = self.token().await?;
             for endpoint in &self.endpoints {
-                match self.call_one(endpoint, path, &body).await {
+                match self.call_one(endpoint, path, &body, token.as_deref()).await {
                     Ok(v) => return Ok(v),
                     Err(Attempt::Refused(e)) => return Err(e),
+                    Err(Attempt::SignInAgain(detail)) => {
+                        self.forget_token();
+                        last = detail;
+                        break;
+                    }
                     Err(Attempt::TryAnother(detail)) => last = detail,
                 }
             }
+            // etcd 3.4 leaves a request with a token it lost (restarted)
+            // unanswered rather than refusing it: after a round without an
+            // answer, sign in afresh.
+            self.forget_token();
             if tokio::time::Instant::now() >= deadline {
                 return Err(Error::Unreachable {
                     endpoints: self.endpoints.join(","),
@@ -159,30 +174,101 @@ impl Etcd {
         }
     }
 
+    /// The token to send: none without a user; else the last sign-in's,
+    /// or a new sign-in's.
+    async fn token(&self) -> Result<Option<String>> {
+        let Some(creds) = &self.credentials else {
+            return Ok(None);
+        };
+        if let Some(token) = self.cached_token() {
+            return Ok(Some(token));
+        }
+        let body = json!({ "name": creds.name, "password": creds.password });
+        let mut last = String::new();
+        for endpoint in &self.endpoints {
+            match self
+                .call_one(endpoint, "/v3/auth/authenticate", &body, None)
+                .await
+            {
+                Ok(v) => {
+                    let token = v["token"].as_str().unwrap_or_default().to_string();
+                    if token.is_empty() {
+                        return Err(bad_answer("sign-in", &v));
+                    }
+                    if let Ok(mut slot) = self.token.lock() {
+                        *slot = Some(token.clone());
+                    }
+                    return Ok(Some(token));
+                }
+                Err(Attempt::Refused(e)) => {
+                    return Err(Error::Config(format!(
+                        "etcd refused user {:?} (check --etcd-user and --etcd-password-file): {e}",
+                        creds.name
+                    )))
+                }
+                Err(Attempt::TryAnother(d) | Attempt::SignInAgain(d)) => last = d,
+            }
+        }
+        // Nobody answered: the call's own round reports it.
+        tracing::debug!("signing in to etcd: {last}");
+        Ok(None)
+    }
+
+    fn cached_token(&self) -> Option<String> {
+        self.token.lock().ok().and_then(|t| t.clone())
+    }
+
+    fn forget_token(&self) {
+        if self.credentials.is_some() {
+            if let Ok(mut slot) = self.token.lock() {
+                *slot = None;
+            }
+        }
+    }
+
     async fn call_one(
         &self,
         endpoint: &str,
         path: &str,
         body: &Value,
+        token: Option<&str>,
     ) -> std::result::Result<Value, Attempt> {
         let url = format!("{endpoint}{path}");
-        let resp = self
-            .http
-            .post(&url)
-            .json(body)
+        let mut req = self.http.post(&url).json(body);
+        if let Some(token) = token {
+            req = req.header(reqwest::header::AUTHORIZATION, token);
+        }
+        let resp = req
             .send()
             .await
             .map_err(|e| Attempt::TryAnother(format!("{url}: {e}")))?;
         let status = resp.status();
-        let v: Value = resp
-            .json()
+        let bytes = resp
+            .bytes()
             .await
-            .map_err(|e| Attempt::TryAnother(format!("{url}: unreadable answer: {e}")))?;
+            .map_err(|e| Attempt::TryAnother(format!("{url}: {status}: unreadable answer: {e}")))?;
+        let v: Value = serde_json::from_slice(&bytes).map_err(|e| {
+            let start = String::from_utf8_lossy(&bytes[..bytes.len().min(200)]);
+            let detail = format!("{url}: {status}: not JSON ({e}): {:?}", start.trim());
+            if status.is_client_error() {
+                // Refused in words (etcd's gateway refuses a client
+                // certificate with a CommonName so).
+                Attempt::Refused(Error::Etcd {
+                    what: path.to_string(),
+                    detail,
+                })
+            } else {
+                Attempt::TryAnother(detail)
+            }
+        })?;
         if status.is_server_error() {
             return Err(Attempt::TryAnother(format!(
                 "{url}: {status}: {}",
                 v["message"]
             )));
+        }
+        if status == reqwest::StatusCode::UNAUTHORIZED && self.credentials.is_some() {
+            return Err(Attempt::SignInAgain(format!("{url}: {}", v["message"])));
         }
         if !status.is_success() {
             // etcd understood and refused: another member would too.
@@ -202,6 +288,8 @@ const RETRY_FOR: Duration = Duration::from_secs(5);
 enum Attempt {
     Refused(Error),
     TryAnother(String),
+    /// etcd no longer knows the token sent.
+    SignInAgain(String),
 }
 
 fn put_body(key: &str, value: &[u8], lease: Option<i64>) -> Value {

@@ -10,6 +10,11 @@
 //! hop at most; held by a node whose lease expired, this node takes the
 //! sandbox over when it was paused ([`takeover`]) and serves it itself.
 //! Everything else goes on to this node's own routes.
+//!
+//! Before it forwards or takes over, the front door checks the request as
+//! the owner would ([`admitted`]): the API key on a control call, the
+//! sandbox's tokens (from its sealed row) on traffic for its ports. A
+//! request without them never leaves this node and wakes nothing.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -18,7 +23,7 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use siesta_cluster::{Cluster, Location, NodeInfo};
+use siesta_cluster::{Cluster, Location, NodeInfo, Owned};
 use siesta_sandbox::{Error, SandboxManager};
 
 use crate::error::ApiError;
@@ -36,6 +41,8 @@ pub const SERVED_BY: &str = "x-siesta-node";
 pub struct ClusterFront {
     pub cluster: Arc<Cluster>,
     pub manager: Arc<SandboxManager>,
+    /// The node's API keys (the cluster's: every node has the same).
+    pub api_keys: crate::ApiKeys,
 }
 
 /// Puts the cluster's front door before `app`.
@@ -58,9 +65,15 @@ async fn dispatch(State(front): State<Arc<ClusterFront>>, req: Request, next: Ne
         _ => return served_here(&front, req, next).await,
     }
     match front.cluster.locate(&id).await {
-        Ok(Location::Elsewhere(node)) => forward(&front, &id, &node, req).await,
-        Ok(Location::Orphaned(owned)) => match takeover::adopt(&front, &id, owned).await {
-            Ok(()) => served_here(&front, req, next).await,
+        Ok(Location::Elsewhere(node, owned)) => match admitted(&front, &req, &id, &owned) {
+            Ok(()) => forward(&front, &id, &node, req).await,
+            Err(e) => e.into_response(),
+        },
+        Ok(Location::Orphaned(owned)) => match admitted(&front, &req, &id, &owned) {
+            Ok(()) => match takeover::adopt(&front, &id, owned).await {
+                Ok(()) => served_here(&front, req, next).await,
+                Err(e) => e.into_response(),
+            },
             Err(e) => e.into_response(),
         },
         Ok(Location::Here | Location::Unknown) => served_here(&front, req, next).await,
@@ -73,6 +86,42 @@ async fn dispatch(State(front): State<Arc<ClusterFront>>, req: Request, next: Ne
         )
         .into_response(),
     }
+}
+
+/// Whether `req` may go on to sandbox `id` on another node, or have it
+/// taken over: as the owner would check it. A control call needs the API
+/// key; traffic for the sandbox's ports needs its tokens, read from its
+/// row (a sandbox whose row is not written yet cannot be checked, so
+/// nothing reaches it until it is).
+fn admitted(front: &ClusterFront, req: &Request, id: &str, owned: &Owned) -> Result<(), ApiError> {
+    let route = match crate::proxy::route_of(req.headers(), req.uri()) {
+        Ok(Some(route)) => route,
+        _ => return crate::api_key::refusal(&front.api_keys, req.headers()).map_or(Ok(()), Err),
+    };
+    let Some(row) = &owned.row else {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "sandbox {id} is being created on node {}; retry in a moment",
+                owned.node
+            ),
+        ));
+    };
+    if crate::proxy::carries_tokens(req, &route, &row.access_token, row.traffic_token.as_deref()) {
+        return Ok(());
+    }
+    Err(ApiError::new(
+        StatusCode::UNAUTHORIZED,
+        format!(
+            "sandbox {id}, port {}: the request does not carry the sandbox's access token{}",
+            route.port,
+            if route.port == crate::proxy::ENVD_PORT {
+                " (X-Access-Token)"
+            } else {
+                " (e2b-traffic-access-token)"
+            }
+        ),
+    ))
 }
 
 /// Serves `req` on this node. A control call that may change a sandbox

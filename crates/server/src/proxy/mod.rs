@@ -32,7 +32,7 @@ pub use route::{
 };
 pub use signed::SignedFiles;
 pub use target::{ManagerTargets, SandboxTargets, Target, TargetError, TargetState};
-pub use wake::TRAFFIC_TOKEN_HEADER;
+pub use wake::{carries_tokens, TRAFFIC_TOKEN_HEADER};
 
 /// Puts the proxy in front of `app`: sandbox requests never reach it.
 /// `control_keys` are the node's API keys, which never go on to a guest.

@@ -92,6 +92,27 @@ fn check_traffic_token(
     }
 }
 
+/// Whether `req` shows what a sandbox with these tokens asks of traffic
+/// to `route`'s port: its access token (or a live signature made with it)
+/// on envd's port, its traffic token on the others when it has one. The
+/// cluster's front door asks this before it forwards a request to another
+/// node or takes a sandbox over.
+pub fn carries_tokens(
+    req: &Request,
+    route: &Route,
+    access_token: &str,
+    traffic_token: Option<&str>,
+) -> bool {
+    let creds = Credentials::of(req);
+    if route.port == ENVD_PORT {
+        return creds.show(access_token, now());
+    }
+    traffic_token.is_none_or(|want| {
+        let given = creds.traffic_token.as_ref().map(|v| v.as_bytes());
+        siesta_envd_proto::secrets_match(given.unwrap_or_default(), want.as_bytes())
+    })
+}
+
 /// What a request shows of a sandbox's tokens (taken out of it, so that
 /// the request itself need not be held across the look-ups).
 pub struct Credentials {

@@ -144,18 +144,8 @@ pub fn router(state: AppState) -> Router {
 }
 
 async fn require_api_key(State(st): State<AppState>, req: Request, next: Next) -> Response {
-    let given = req
-        .headers()
-        .get("x-api-key")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
-    if !st.api_keys.accepts(given) {
-        let msg = if given.is_empty() {
-            "missing X-API-KEY header (the node's key is in $SIESTA_HOME/secrets/api-key)"
-        } else {
-            "invalid API key"
-        };
-        return ApiError::new(StatusCode::UNAUTHORIZED, msg).into_response();
+    if let Some(refusal) = crate::api_key::refusal(&st.api_keys, req.headers()) {
+        return refusal.into_response();
     }
     next.run(req).await
 }
