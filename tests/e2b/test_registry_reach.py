@@ -24,7 +24,7 @@ from e2b import Template
 from e2b.exceptions import BuildException
 
 from conftest import BINARY, _build_template, _prepare_home
-from server import SiestaServer, netns_of
+from server import SiestaServer
 
 
 class CountingListener:
@@ -85,10 +85,9 @@ def closed_server(tmp_path_factory):
         server.start()
         yield server
     finally:
-        server.stop_and_clean()
-        leftovers = netns_of(server.tag)
+        leftovers = server.stop_and_clean()
         shutil.rmtree(home, ignore_errors=True)
-        assert not leftovers, leftovers
+        assert not leftovers, f"network namespaces left by the server: {leftovers}"
 
 
 def test_an_api_build_from_loopback_is_refused_before_it_connects(closed_server, listener):
