@@ -60,6 +60,15 @@ async fn dispatch(State(front): State<Arc<ClusterFront>>, req: Request, next: Ne
     if req.headers().contains_key(FORWARDED_BY) {
         return served_here(&front, req, next).await;
     }
+    let envd = matches!(
+        crate::proxy::route_of(req.headers(), req.uri()),
+        Ok(Some(_))
+    );
+    if !envd && crate::api_key::refusal(&front.api_keys, req.headers()).is_some() {
+        // The control API's own 401, before any look-up: a keyless caller
+        // costs neither a SQLite nor an etcd read (review M1.2).
+        return served_here(&front, req, next).await;
+    }
     match front.manager.get(&id).await {
         Err(Error::SandboxNotFound { .. }) => {}
         _ => return served_here(&front, req, next).await,
