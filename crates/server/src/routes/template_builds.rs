@@ -149,11 +149,6 @@ pub struct UploadQuery {
 
 /// Upload a COPY archive through a signed link. It carries no API key (the
 /// SDK sends it with a plain client): the signed link authorises it.
-///
-/// The archive is not checked against `hash` (review L3): the SDKs'
-/// `filesHash` covers `COPY <src> <dest>` and the source files' paths,
-/// modes, sizes and bytes, not the tar they upload, so no check on these
-/// bytes would pass a real upload (docs/security.md, "Not yet held").
 #[utoipa::path(
     put, path = "/template-files/{hash}", tag = "templates", security(()),
     params(("hash" = String, Path, description = "SHA-256 of the archive"), UploadQuery),
@@ -188,6 +183,10 @@ pub async fn upload(
     tokio::fs::create_dir_all(&dir)
         .await
         .map_err(|e| io_err("creating", &dir, e))?;
+    // The archive is not checked against `hash` (review L3): the SDKs'
+    // `filesHash` covers `COPY <src> <dest>` and the source files' paths,
+    // modes, sizes and bytes, not the tar they upload, so no check on these
+    // bytes would pass a real upload (docs/security.md, "Not yet held").
     let written = receive(body, &part).await;
     if let Err(e) = written {
         let _ = tokio::fs::remove_file(&part).await;
