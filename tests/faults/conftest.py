@@ -33,7 +33,7 @@ from server import (  # noqa: E402
 SEED = seed()
 SCALE = float(os.environ.get("SIESTA_FAULT_SCALE", "1"))
 POINTS = kill_points(SEED, SCALE)
-_outcomes: dict[str, list[str]] = {"kill": [], "other": []}
+_outcomes: dict[str, list[str]] = {"kill": [], "hangup": [], "other": []}
 # op -> [kills that cut the call short, kills after it had answered]
 KILL_TIMING: dict[str, list[int]] = {}
 
@@ -69,15 +69,22 @@ def pytest_report_header(config):
 
 def pytest_runtest_logreport(report):
     if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
-        kind = "kill" if "test_kill_point[" in report.nodeid else "other"
+        if "test_kill_point[" in report.nodeid:
+            kind = "kill"
+        elif "test_hang_up[" in report.nodeid:
+            kind = "hangup"
+        else:
+            kind = "other"
         _outcomes[kind].append(report.outcome)
 
 
 def pytest_terminal_summary(terminalreporter):
-    kill, other = _outcomes["kill"], _outcomes["other"]
+    kill, hangup, other = _outcomes["kill"], _outcomes["hangup"], _outcomes["other"]
     terminalreporter.write_line(
         f"fault suite (seed {SEED}): {len(kill)} kill points tried: "
         f"{kill.count('passed')} passed, {kill.count('failed')} failed; "
+        f"{len(hangup)} client hang-ups: {hangup.count('passed')} passed, "
+        f"{hangup.count('failed')} failed; "
         f"other faults: {other.count('passed')} passed, {other.count('failed')} failed"
     )
     if KILL_TIMING:

@@ -74,7 +74,11 @@ impl SandboxManager {
     /// Makes paused sandbox `row` (another node's, taken over) this node's:
     /// fetches its pause `snapshot` from the object store and publishes it
     /// here, then commits the row. On error nothing of it is left here.
-    pub async fn adopt_paused(&self, row: SandboxRecord, snapshot: &str) -> Result<SandboxInfo> {
+    pub(crate) async fn adopt_paused_op(
+        &self,
+        row: SandboxRecord,
+        snapshot: &str,
+    ) -> Result<SandboxInfo> {
         self.check_open()?;
         // The row comes from the cluster's store, not from this node: its id
         // is joined to a directory below, removed whole if anything fails.

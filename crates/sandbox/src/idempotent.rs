@@ -39,7 +39,7 @@ impl SandboxManager {
     /// one is returned (resumed first if it was paused since, as `connect`
     /// does) if `request_sha256` (the request body's digest) is the one the
     /// key came with, and refused otherwise.
-    pub async fn create_keyed(
+    pub(crate) async fn create_keyed_op(
         &self,
         key: &str,
         request_sha256: &str,
@@ -66,7 +66,10 @@ impl SandboxManager {
                     "the sandbox it created, {id}, no longer runs; use a new key"
                 ))
             };
-            return match self.connect(&made.sandbox_id, req.timeout_secs).await {
+            return match self
+                .connect_with_op(&made.sandbox_id, req.timeout_secs, false)
+                .await
+            {
                 Ok((info, _)) => Ok((info, KeyedOutcome::Replayed)),
                 Err(Error::SandboxNotFound { .. } | Error::WrongState { .. }) => {
                     Err(gone(&made.sandbox_id))
@@ -74,7 +77,7 @@ impl SandboxManager {
                 Err(e) => Err(e),
             };
         }
-        let info = self.create(req).await?;
+        let info = self.create_op(req).await?;
         let made = KeyedCreate {
             sandbox_id: info.id.clone(),
             request_sha256: request_sha256.to_string(),
@@ -86,7 +89,7 @@ impl SandboxManager {
         });
         if let Err(e) = recorded.await {
             // Unrecorded, a retry would make a second one: take it back.
-            let _ = self.kill(&info.id).await;
+            let _ = self.kill_op(&info.id).await;
             return Err(e);
         }
         Ok((info, KeyedOutcome::Created))

@@ -23,6 +23,7 @@ pub mod manager;
 pub mod memory_prefetch;
 pub mod memory_save;
 pub mod node;
+mod operation;
 pub mod paused;
 pub mod pool;
 pub mod preflight;

@@ -92,7 +92,7 @@ impl Reaper {
 impl SandboxManager {
     /// E2B's refresh: keeps a running sandbox alive at least `secs` more
     /// seconds (a later deadline is kept).
-    pub async fn refresh(&self, id: &str, secs: u64) -> Result<SandboxInfo> {
+    pub(crate) async fn refresh_op(&self, id: &str, secs: u64) -> Result<SandboxInfo> {
         let wanted = Utc::now() + deadline(Some(secs))?;
         let mut sb = self.lock(id).await?;
         if sb.record.state != SandboxState::Running {

@@ -62,6 +62,9 @@ pub struct CreateRequest {
 
 pub(crate) type Entry = Arc<Mutex<Sandbox>>;
 
+/// How long a clean stop waits for operations in flight.
+const SHUTDOWN_OPERATIONS_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
+
 /// Where a create resumes from.
 enum Source {
     Template(Box<Template>),
@@ -97,6 +100,9 @@ pub struct SandboxManager {
     /// and snapshots, deleted copies): a clean stop waits for them
     /// ([`SandboxManager::wait_transfers`]).
     pub(crate) transfers: tokio_util::task::TaskTracker,
+    /// The state-changing operations in flight, each a task of its own so
+    /// that a caller who goes away cannot cut one short ([`crate::operation`]).
+    pub(crate) operations: tokio_util::task::TaskTracker,
 }
 
 impl SandboxManager {
@@ -182,6 +188,7 @@ impl SandboxManager {
             _home_lock: lock,
             volumes,
             transfers: tokio_util::task::TaskTracker::new(),
+            operations: tokio_util::task::TaskTracker::new(),
         });
         manager.reaper.start(Arc::downgrade(&manager));
         manager
@@ -220,7 +227,7 @@ impl SandboxManager {
 
     /// Resumes a new sandbox from a template, or from a user snapshot when
     /// `req.template` names one (see `snapshots.rs`).
-    pub async fn create(&self, req: CreateRequest) -> Result<SandboxInfo> {
+    pub(crate) async fn create_op(&self, req: CreateRequest) -> Result<SandboxInfo> {
         self.check_open()?;
         let timeout = deadline(req.timeout_secs)?;
         let template = match self.source(&req.template).await? {
@@ -460,7 +467,7 @@ impl SandboxManager {
     /// Sets the deadline of sandbox `id` to `secs` seconds from now (E2B
     /// `set_timeout`). On a paused sandbox this only changes the deadline
     /// it reports: a resume sets a new one.
-    pub async fn set_timeout(&self, id: &str, secs: u64) -> Result<SandboxInfo> {
+    pub(crate) async fn set_timeout_op(&self, id: &str, secs: u64) -> Result<SandboxInfo> {
         let timeout = deadline(Some(secs))?;
         let mut sb = self.lock(id).await?;
         if sb.record.state == SandboxState::Dead {
@@ -478,7 +485,11 @@ impl SandboxManager {
     /// Replaces what the sandbox may reach (E2B's `update_network`): in its
     /// slot at once when it runs, and in its record, which a resume, a fork
     /// or a snapshot's sandboxes take it from.
-    pub async fn set_egress(&self, id: &str, egress: EgressPolicy) -> Result<SandboxInfo> {
+    pub(crate) async fn set_egress_op(
+        &self,
+        id: &str,
+        egress: EgressPolicy,
+    ) -> Result<SandboxInfo> {
         let mut sb = self.lock(id).await?;
         if sb.record.state == SandboxState::Dead {
             return Err(wrong_state(&sb, "running or paused"));
@@ -501,15 +512,9 @@ impl SandboxManager {
         Ok(sb.info())
     }
 
-    /// Saves the sandbox's memory, devices and disk, then stops its VM and
-    /// frees its slot. Its files and processes come back on `resume`.
-    pub async fn pause(&self, id: &str) -> Result<()> {
-        self.pause_with(id, SaveMemory::Changed).await.map(drop)
-    }
-
     /// [`SandboxManager::pause`], saving guest RAM as `how` says; reports
     /// what was saved (`siesta bench pause` compares the two ways).
-    pub async fn pause_with(&self, id: &str, how: SaveMemory) -> Result<SaveReport> {
+    pub(crate) async fn pause_with_op(&self, id: &str, how: SaveMemory) -> Result<SaveReport> {
         let mut sb = self.lock(id).await?;
         self.pause_locked(&mut sb, PauseMode::Memory(how))
             .await?
@@ -518,7 +523,7 @@ impl SandboxManager {
 
     /// E2B's filesystem-only pause: the guest's file systems are synced and
     /// only its disk is kept; processes are not. The resume is a cold boot.
-    pub async fn pause_disk_only(&self, id: &str) -> Result<()> {
+    pub(crate) async fn pause_disk_only_op(&self, id: &str) -> Result<()> {
         let mut sb = self.lock(id).await?;
         self.pause_locked(&mut sb, PauseMode::DiskOnly)
             .await
@@ -527,7 +532,7 @@ impl SandboxManager {
 
     /// Brings a paused sandbox back with its files and processes, with the
     /// default timeout.
-    pub async fn resume(&self, id: &str) -> Result<SandboxInfo> {
+    pub(crate) async fn resume_op(&self, id: &str) -> Result<SandboxInfo> {
         let mut sb = self.lock(id).await?;
         if sb.record.state != SandboxState::Paused {
             return Err(wrong_state(&sb, "paused"));
@@ -536,21 +541,9 @@ impl SandboxManager {
         Ok(sb.info())
     }
 
-    /// E2B `connect`: resumes a paused sandbox with `timeout_secs` (default
-    /// [`DEFAULT_TIMEOUT_SECS`]), or returns a running one, extending its
-    /// deadline to `timeout_secs` from now if that is later. The flag says
-    /// whether it was resumed.
-    pub async fn connect(
-        &self,
-        id: &str,
-        timeout_secs: Option<u64>,
-    ) -> Result<(SandboxInfo, bool)> {
-        self.connect_with(id, timeout_secs, false).await
-    }
-
     /// [`SandboxManager::connect`]; with `reboot` (E2B's `memory: false`), a
     /// paused sandbox comes back from its disk alone, by a cold boot.
-    pub async fn connect_with(
+    pub(crate) async fn connect_with_op(
         &self,
         id: &str,
         timeout_secs: Option<u64>,
@@ -577,7 +570,7 @@ impl SandboxManager {
     }
 
     /// Stops the sandbox and deletes everything it had.
-    pub async fn kill(&self, id: &str) -> Result<()> {
+    pub(crate) async fn kill_op(&self, id: &str) -> Result<()> {
         let mut sb = self.lock(id).await?;
         self.kill_locked(&mut sb).await
     }
@@ -630,6 +623,13 @@ impl SandboxManager {
     pub async fn shutdown(&self) {
         self.closed.store(true, Ordering::SeqCst);
         self.reaper.stop().await;
+        // Operations already under way finish first (a create that started
+        // would otherwise add a sandbox this stop never sees).
+        if !self.wait_operations(SHUTDOWN_OPERATIONS_WAIT).await {
+            tracing::warn!(
+                "operations still running {SHUTDOWN_OPERATIONS_WAIT:?} into the stop: going on without them"
+            );
+        }
         let entries: Vec<Entry> = self.sandboxes.lock().await.values().cloned().collect();
         let stops = entries.into_iter().map(|entry| async move {
             let mut sb = entry.lock_owned().await;

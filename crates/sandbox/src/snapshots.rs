@@ -170,15 +170,10 @@ impl SandboxManager {
         Ok(capture)
     }
 
-    /// Snapshots running sandbox `id` under an optional `name`.
-    pub async fn snapshot(&self, id: &str, name: Option<String>) -> Result<SnapshotInfo> {
-        self.snapshot_with(id, name, true).await
-    }
-
     /// [`SandboxManager::snapshot`]; without `memory` (E2B's filesystem-only
     /// snapshot) the guest is synced and only its disk is kept, and
     /// sandboxes made from it cold-boot.
-    pub async fn snapshot_with(
+    pub(crate) async fn snapshot_with_op(
         &self,
         id: &str,
         name: Option<String>,
@@ -424,7 +419,7 @@ impl SandboxManager {
     /// they read its pages through one page cache and map the same
     /// template blob. Each gets its own id, access token, entropy (both at
     /// `/init`), network slot and copy of the disk.
-    pub async fn fork(
+    pub(crate) async fn fork_op(
         &self,
         id: &str,
         count: u32,

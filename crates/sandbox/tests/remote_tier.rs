@@ -150,7 +150,7 @@ async fn a_node_creates_from_what_only_the_object_store_has() {
 /// what its paused sandbox needs stays (`base`, its pause's parent), the
 /// rest goes; with the sandbox gone `base` goes too; a create fetches both
 /// again. `child` is running on entry and killed on return.
-async fn evicted_and_fetched_again(m: &SandboxManager, child: &str) {
+async fn evicted_and_fetched_again(m: &Arc<SandboxManager>, child: &str) {
     use std::time::Duration;
     let repo = Repository::open(m.node().config.layout().repo()).unwrap();
     let stored = repo.resolve("snapshot:stored").unwrap();
@@ -197,7 +197,7 @@ fn no_sandbox_dirs(home: &Path) {
 /// pause waits for that, and the paused sandbox resumes over the imported
 /// disk once the FUSE paths are gone; the next create is local.
 async fn from_the_store(
-    m: &SandboxManager,
+    m: &Arc<SandboxManager>,
     repo_b: &Repository,
     base_id: &str,
     fill: tokio::sync::watch::Sender<bool>,
@@ -276,7 +276,7 @@ async fn from_the_store(
 
 /// A named user snapshot of a sandbox that wrote a file: the manager puts
 /// it in the store by itself (in the background: waited for, at most 5 min).
-async fn snapshot_shared(m: &SandboxManager, remote: &RemoteRepo) {
+async fn snapshot_shared(m: &Arc<SandboxManager>, remote: &RemoteRepo) {
     let sb = m.create(create("base")).await.unwrap().id;
     exec_ok(m, &sb, "echo kept-in-the-store > /home/user/note && sync").await;
     let snap = m

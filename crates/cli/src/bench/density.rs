@@ -9,6 +9,7 @@
 
 use std::os::unix::fs::MetadataExt;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
@@ -115,7 +116,7 @@ async fn measure_arm(
 }
 
 async fn measure(
-    manager: &SandboxManager,
+    manager: &Arc<SandboxManager>,
     template: &Template,
     args: &DensityArgs,
     ids: &mut Vec<String>,

@@ -14,6 +14,7 @@
 //! VMM, and the refills are what differs.
 
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context};
@@ -124,7 +125,7 @@ fn config(args: &ForkArgs, refill: Option<(bool, bool)>) -> anyhow::Result<NodeC
     Ok(config)
 }
 
-async fn measure_all(manager: &SandboxManager, args: &ForkArgs) -> anyhow::Result<Measured> {
+async fn measure_all(manager: &Arc<SandboxManager>, args: &ForkArgs) -> anyhow::Result<Measured> {
     let mut m = Measured::default();
     for i in 0..args.samples {
         measure_sample(manager, args, i, &mut m).await?;
@@ -134,7 +135,7 @@ async fn measure_all(manager: &SandboxManager, args: &ForkArgs) -> anyhow::Resul
 
 /// Sample `i`: a source, a fork of 1 and a fork of N, added to `m`.
 async fn measure_sample(
-    manager: &SandboxManager,
+    manager: &Arc<SandboxManager>,
     args: &ForkArgs,
     i: usize,
     m: &mut Measured,
@@ -170,7 +171,7 @@ async fn measure_sample(
 /// Forks `n` children of `source`: the time until all were ready, after
 /// checking each holds `marker` (and killing them).
 async fn fork_and_check(
-    manager: &SandboxManager,
+    manager: &Arc<SandboxManager>,
     source: &str,
     n: u32,
     marker: &str,

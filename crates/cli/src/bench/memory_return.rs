@@ -9,6 +9,7 @@
 
 use std::os::unix::fs::MetadataExt;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -93,7 +94,7 @@ async fn measure(
 }
 
 async fn sample(
-    manager: &SandboxManager,
+    manager: &Arc<SandboxManager>,
     args: &MemoryReturnArgs,
     ram_inode: u64,
     returning: bool,
@@ -106,7 +107,7 @@ async fn sample(
 }
 
 async fn write_free_and_wait(
-    manager: &SandboxManager,
+    manager: &Arc<SandboxManager>,
     id: &str,
     pid: Option<u32>,
     args: &MemoryReturnArgs,

@@ -13,6 +13,7 @@
 //! leaving it all to the fsync at the end.
 
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context};
@@ -118,7 +119,7 @@ impl PauseArgs {
     }
 }
 
-async fn measure_all(manager: &SandboxManager, args: &PauseArgs) -> anyhow::Result<Vec<Row>> {
+async fn measure_all(manager: &Arc<SandboxManager>, args: &PauseArgs) -> anyhow::Result<Vec<Row>> {
     let templates = args.templates();
     for t in &templates {
         manager.warm(t)?;
@@ -166,7 +167,7 @@ async fn measure_all(manager: &SandboxManager, args: &PauseArgs) -> anyhow::Resu
 /// A fresh sandbox writes `dirty` MiB (then deletes it with `--free`), is
 /// paused as `how` says, resumed and checked, and killed.
 async fn measure(
-    manager: &SandboxManager,
+    manager: &Arc<SandboxManager>,
     args: &PauseArgs,
     template: &str,
     dirty: u64,

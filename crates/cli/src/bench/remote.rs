@@ -14,6 +14,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context;
@@ -160,7 +161,7 @@ async fn sample(
 }
 
 async fn cold_then_warm(
-    manager: &SandboxManager,
+    manager: &Arc<SandboxManager>,
     name: &str,
     id: &str,
 ) -> anyhow::Result<(Cold, f64)> {
@@ -194,7 +195,7 @@ async fn cold_then_warm(
 }
 
 async fn timed_create(
-    manager: &SandboxManager,
+    manager: &Arc<SandboxManager>,
     name: &str,
 ) -> anyhow::Result<(f64, siesta_sandbox::sandbox::SandboxInfo)> {
     let started = Instant::now();

@@ -70,7 +70,7 @@ pub fn remove_sandbox_root(config: &NodeConfig) {
 /// pre-spawned VMM as in the seed's warm-pool runs: waits for the pool to
 /// have one ready first.
 pub async fn create_pooled(
-    manager: &SandboxManager,
+    manager: &Arc<SandboxManager>,
     template: &str,
 ) -> anyhow::Result<SandboxInfo> {
     manager
@@ -84,7 +84,11 @@ pub async fn create_pooled(
 }
 
 /// Runs `cmd` in the guest as root; its stdout, or an error with its stderr.
-pub async fn guest_root(manager: &SandboxManager, id: &str, cmd: &str) -> anyhow::Result<String> {
+pub async fn guest_root(
+    manager: &Arc<SandboxManager>,
+    id: &str,
+    cmd: &str,
+) -> anyhow::Result<String> {
     let out = manager.exec(id, cmd, Some("root"), |_, _| {}).await?;
     if out.exit_code != 0 {
         bail!(

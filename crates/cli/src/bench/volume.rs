@@ -75,7 +75,7 @@ pub async fn run(args: VolumeArgs) -> anyhow::Result<ExitCode> {
 }
 
 async fn measure_all(
-    manager: &SandboxManager,
+    manager: &Arc<SandboxManager>,
     args: &VolumeArgs,
     volume: &siesta_volume::VolumeRecord,
 ) -> anyhow::Result<Measured> {
@@ -128,7 +128,7 @@ async fn measure_all(
 
 /// Seconds for the sequential write, the sequential read and the small files.
 async fn sample(
-    manager: &SandboxManager,
+    manager: &Arc<SandboxManager>,
     id: &str,
     dir: &str,
     args: &VolumeArgs,
@@ -162,7 +162,7 @@ async fn sample(
     Ok((w, r, s))
 }
 
-async fn secs(manager: &SandboxManager, id: &str, cmd: &str) -> anyhow::Result<f64> {
+async fn secs(manager: &Arc<SandboxManager>, id: &str, cmd: &str) -> anyhow::Result<f64> {
     let text = guest_root(manager, id, cmd).await?;
     let ns: f64 = text
         .trim()
