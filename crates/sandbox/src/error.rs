@@ -35,6 +35,11 @@ pub enum Error {
         detail: String,
     },
 
+    /// The server is stopping: nothing new starts (retry on another node,
+    /// or once it is back).
+    #[error("the server is shutting down; retry once it is back")]
+    ShuttingDown,
+
     /// A fault of siesta itself (a task that panicked), not of the request.
     #[error("internal error while {what}: {detail}")]
     Internal { what: String, detail: String },
@@ -194,5 +199,14 @@ impl<T> IoContext<T> for std::io::Result<T> {
             path: path.into(),
             source,
         })
+    }
+}
+
+/// An [`Error::Internal`]: `what` siesta was doing when `e`, a fault of
+/// its own (an encoding that cannot fail, a task that died), happened.
+pub(crate) fn internal(what: &str, e: impl std::fmt::Display) -> Error {
+    Error::Internal {
+        what: what.to_string(),
+        detail: e.to_string(),
     }
 }

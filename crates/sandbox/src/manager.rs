@@ -518,7 +518,10 @@ impl SandboxManager {
         let mut sb = self.lock(id).await?;
         self.pause_locked(&mut sb, PauseMode::Memory(how))
             .await?
-            .ok_or_else(|| Error::Invalid(format!("the pause of {id} saved no memory")))
+            .ok_or_else(|| Error::Internal {
+                what: format!("pausing {id}"),
+                detail: "the pause saved no memory".into(),
+            })
     }
 
     /// E2B's filesystem-only pause: the guest's file systems are synced and
@@ -673,7 +676,7 @@ impl SandboxManager {
 
     pub(crate) fn check_open(&self) -> Result<()> {
         if self.closed.load(Ordering::SeqCst) {
-            return Err(Error::Invalid("the server is shutting down".into()));
+            return Err(Error::ShuttingDown);
         }
         Ok(())
     }

@@ -109,7 +109,8 @@ pub(crate) fn publish(
             .into_iter()
             .collect(),
         aliases: vec![alias(id)],
-        meta: serde_json::to_value(&meta).map_err(|e| Error::Invalid(e.to_string()))?,
+        meta: serde_json::to_value(&meta)
+            .map_err(|e| crate::error::internal("encoding a pause's record", e))?,
     })?;
     if let Some((state, _)) = state {
         let _ = std::fs::remove_file(state);

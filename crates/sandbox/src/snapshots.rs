@@ -211,7 +211,8 @@ impl SandboxManager {
             files: Vec::new(),
             existing: vec![(MEMORY.to_string(), memory)],
             aliases: names.iter().map(|n| alias_of(n)).collect(),
-            meta: serde_json::to_value(&meta).map_err(|e| Error::Invalid(e.to_string()))?,
+            meta: serde_json::to_value(&meta)
+                .map_err(|e| crate::error::internal("encoding a snapshot's record", e))?,
         };
         // Hashing, copies and fsyncs: off the async threads. The capture
         // (its scratch directory) goes once published.

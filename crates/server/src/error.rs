@@ -63,6 +63,8 @@ impl From<Error> for ApiError {
             Error::Incompatible { .. } => StatusCode::CONFLICT,
             // The SDK's ServiceBusyException: the sandbox runs on.
             Error::GuestUnresponsive { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Error::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+            Error::Internal { .. } => StatusCode::INTERNAL_SERVER_ERROR,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
         Self::new(status, e.to_string())
@@ -105,6 +107,34 @@ mod tests {
             ApiError::from(other).status,
             StatusCode::INTERNAL_SERVER_ERROR
         );
+    }
+
+    #[test]
+    fn faults_of_siesta_are_500_a_stop_503_and_conflicts_409() {
+        let status = |e: Error| ApiError::from(e).status;
+        let internal = Error::Internal {
+            what: "pausing x".into(),
+            detail: "the operation panicked".into(),
+        };
+        assert_eq!(status(internal), StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(status(Error::ShuttingDown), StatusCode::SERVICE_UNAVAILABLE);
+        let wrong = Error::WrongState {
+            id: "x".into(),
+            state: "paused".into(),
+            expected: "running",
+        };
+        assert_eq!(status(wrong), StatusCode::CONFLICT);
+        let key = Error::KeyConflict {
+            key: "k".into(),
+            detail: "d".into(),
+        };
+        assert_eq!(status(key), StatusCode::CONFLICT);
+        assert_eq!(
+            status(Error::Invalid("bad".into())),
+            StatusCode::BAD_REQUEST
+        );
+        let missing = Error::SandboxNotFound { id: "x".into() };
+        assert_eq!(status(missing), StatusCode::NOT_FOUND);
     }
 
     #[test]

@@ -96,7 +96,7 @@ pub async fn record_startup_manifest(node: &Node, template: &Template) -> Result
         Repository::open(repo_root)?.attach_manifest(&snap.id, snap.generation, &manifest)
     })
     .await
-    .map_err(|e| Error::Invalid(format!("manifest attachment task: {e}")))??;
+    .map_err(|e| crate::error::internal("attaching a template's manifest", e))??;
     tracing::info!(
         template = %template.record.name, snapshot = %summary.snapshot,
         mib = summary.bytes >> 20, ranges = summary.ranges, samples = summary.samples,

@@ -8,7 +8,7 @@ use siesta_snapshot::{RepoError, Repository, SnapshotKind};
 
 use super::record::{TemplateRecord, DISK_FILE, MEMORY_FILE, STATE_FILE};
 use super::{alias, Template};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::layout::Layout;
 
 /// [`publish_template`] on a blocking thread: it moves and fsyncs the
@@ -38,7 +38,8 @@ pub(crate) fn publish_template(
     let repo = Repository::open(layout.repo())?;
     let name = &record.name;
     let previous = repo.alias_target(&alias(name))?;
-    let meta = serde_json::to_value(record).map_err(|e| Error::Invalid(e.to_string()))?;
+    let meta = serde_json::to_value(record)
+        .map_err(|e| crate::error::internal("encoding a template record", e))?;
     let file = |role: &str, name: &str, placement, sha: &str| PublishFile {
         role: role.to_string(),
         source: work.join(name),

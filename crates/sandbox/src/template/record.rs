@@ -100,7 +100,8 @@ impl TemplateRecord {
     pub fn store(&self, dir: &Path) -> Result<()> {
         let path = dir.join(RECORD_FILE);
         let tmp = dir.join(format!("{RECORD_FILE}.tmp"));
-        let text = serde_json::to_vec_pretty(self).map_err(|e| Error::Invalid(e.to_string()))?;
+        let text = serde_json::to_vec_pretty(self)
+            .map_err(|e| crate::error::internal("encoding a template record", e))?;
         write_synced(&tmp, &text)?;
         std::fs::rename(&tmp, &path).ctx("publishing template record", &path)?;
         sync_dir(dir)

@@ -39,7 +39,8 @@ fn load(path: &Path) -> Result<Tags> {
 
 fn store(path: &Path, tags: &Tags) -> Result<()> {
     let tmp = path.with_extension("json.tmp");
-    let bytes = serde_json::to_vec_pretty(tags).map_err(|e| Error::Invalid(e.to_string()))?;
+    let bytes = serde_json::to_vec_pretty(tags)
+        .map_err(|e| crate::error::internal("encoding template tags", e))?;
     std::fs::write(&tmp, bytes).ctx("writing template tags", &tmp)?;
     std::fs::File::open(&tmp)
         .and_then(|f| f.sync_all())
