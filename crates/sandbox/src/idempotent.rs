@@ -46,7 +46,7 @@ impl SandboxManager {
         req: CreateRequest,
     ) -> Result<(SandboxInfo, KeyedOutcome)> {
         validate_key(key)?;
-        let _one_at_a_time = self.keyed_creates.lock().await;
+        let _one_at_a_time = self.keyed_creates.lock(key).await;
         let conflict = |detail: String| Error::KeyConflict {
             key: key.to_string(),
             detail,

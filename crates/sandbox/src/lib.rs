@@ -16,6 +16,7 @@ pub mod fetch_cache;
 pub mod handover;
 pub mod idempotent;
 pub mod ids;
+mod key_locks;
 pub mod layout;
 pub mod lazy;
 mod lifecycle;

@@ -82,9 +82,9 @@ pub struct SandboxManager {
     /// Set by shutdown: no new VM starts afterwards.
     closed: AtomicBool,
     pub(crate) reaper: Reaper,
-    /// Creates with an idempotency key run one at a time, so two retries
-    /// of one request never both create.
-    pub(crate) keyed_creates: Mutex<()>,
+    /// Creates with one idempotency key run one at a time, so two retries
+    /// of one request never both create (other keys do not wait).
+    pub(crate) keyed_creates: crate::key_locks::KeyLocks,
     /// Run at every step of this manager's publications (tests only).
     publish_hook: std::sync::OnceLock<siesta_snapshot::repo::PublishHook>,
     /// The shared object store, where templates and snapshots this node
@@ -182,7 +182,7 @@ impl SandboxManager {
             persistent,
             closed: AtomicBool::new(false),
             reaper: Reaper::default(),
-            keyed_creates: Mutex::new(()),
+            keyed_creates: crate::key_locks::KeyLocks::default(),
             publish_hook: std::sync::OnceLock::new(),
             remote: std::sync::OnceLock::new(),
             _home_lock: lock,
