@@ -1,5 +1,6 @@
 //! HTTP client for one sandbox's agent.
 
+use super::bounded;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -65,7 +66,10 @@ pub struct ExecOptions {
     pub cwd: Option<String>,
 }
 
-/// The result of a command run to completion.
+/// The result of a command run to completion: its exit code and the last
+/// [`bounded::EXEC_KEPT_BYTES`] of each stream (all of it went through
+/// the caller's `on_output` as it came; a guest can print without end, so
+/// the host keeps only the tail).
 #[derive(Debug, Clone, Default)]
 pub struct ExecOutput {
     pub exit_code: i32,
@@ -213,9 +217,10 @@ impl EnvdClient {
         if !resp.status().is_success() {
             return Err(self.agent_err(format!("/metrics answered {}", resp.status())));
         }
-        resp.json()
+        let body = bounded::read_whole(resp, bounded::JSON_ANSWER_BYTES, "/metrics")
             .await
-            .map_err(|e| self.agent_err(format!("/metrics: {e}")))
+            .map_err(|e| self.agent_err(e))?;
+        serde_json::from_slice(&body).map_err(|e| self.agent_err(format!("/metrics: {e}")))
     }
 
     /// Runs `/bin/bash -l -c cmd` as `user`, calling `on_output` with each
@@ -291,11 +296,11 @@ impl EnvdClient {
                     Some(Event::Data(d)) => match d.output {
                         Some(Output::Stdout(b)) => {
                             on_output(true, &b);
-                            out.stdout.extend_from_slice(&b);
+                            bounded::keep_tail(&mut out.stdout, &b);
                         }
                         Some(Output::Stderr(b)) | Some(Output::Pty(b)) => {
                             on_output(false, &b);
-                            out.stderr.extend_from_slice(&b);
+                            bounded::keep_tail(&mut out.stderr, &b);
                         }
                         None => {}
                     },
@@ -328,7 +333,7 @@ impl EnvdClient {
             .map_err(|e| self.agent_err(format!("upload of {path}: {e}")))?;
         if !resp.status().is_success() {
             let status = resp.status();
-            let text = resp.text().await.unwrap_or_default();
+            let text = bounded::error_text(resp).await;
             return Err(self.agent_err(format!("upload of {path} answered {status}: {text}")));
         }
         Ok(())
@@ -349,15 +354,14 @@ impl EnvdClient {
             .await
             .map_err(|e| self.agent_err(format!("download of {path}: {e}")))?;
         let status = resp.status();
-        let body = resp
-            .bytes()
-            .await
-            .map_err(|e| self.agent_err(format!("download of {path}: {e}")))?;
         if !status.is_success() {
-            let text = String::from_utf8_lossy(&body);
+            let text = bounded::error_text(resp).await;
             return Err(self.agent_err(format!("download of {path} answered {status}: {text}")));
         }
-        Ok(body.to_vec())
+        let what = format!("download of {path}");
+        bounded::read_whole(resp, bounded::DOWNLOAD_BYTES, &what)
+            .await
+            .map_err(|e| self.agent_err(e))
     }
 
     /// The entries of directory `path` in the guest as `user`
@@ -380,10 +384,12 @@ impl EnvdClient {
             .await
             .map_err(|e| self.agent_err(format!("ListDir {path}: {e}")))?;
         let status = resp.status();
-        let body: serde_json::Value = resp
-            .json()
+        let what = format!("ListDir {path}");
+        let raw = bounded::read_whole(resp, bounded::JSON_ANSWER_BYTES, &what)
             .await
-            .map_err(|e| self.agent_err(format!("ListDir {path}: {e}")))?;
+            .map_err(|e| self.agent_err(e))?;
+        let body: serde_json::Value =
+            serde_json::from_slice(&raw).map_err(|e| self.agent_err(format!("{what}: {e}")))?;
         if !status.is_success() {
             let msg = body.get("message").and_then(|m| m.as_str()).unwrap_or("");
             return Err(self.agent_err(format!("ListDir {path} answered {status}: {msg}")));
@@ -408,7 +414,7 @@ impl EnvdClient {
             .map_err(|e| self.agent_err(format!("{what}: {e}")))?;
         if !resp.status().is_success() {
             let status = resp.status();
-            let body = resp.text().await.unwrap_or_default();
+            let body = bounded::error_text(resp).await;
             return Err(self.agent_err(format!("{what} answered {status}: {body}")));
         }
         Ok(resp)
@@ -443,7 +449,9 @@ impl EnvdClient {
         req
     }
 
-    fn finish_stream(&self, end: &[u8], ended: bool, out: ExecOutput) -> Result<ExecOutput> {
+    fn finish_stream(&self, end: &[u8], ended: bool, mut out: ExecOutput) -> Result<ExecOutput> {
+        bounded::trim_tail(&mut out.stdout);
+        bounded::trim_tail(&mut out.stderr);
         let end: serde_json::Value = serde_json::from_slice(end).unwrap_or_default();
         if let Some(err) = end.get("error") {
             return Err(self.agent_err(format!("Start failed: {err}")));

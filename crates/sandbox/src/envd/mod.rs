@@ -5,6 +5,7 @@
 //! Connect envelopes are framed by `siesta_envd_proto::envelope`, the same
 //! code the agent uses.
 
+mod bounded;
 mod client;
 mod pty;
 
