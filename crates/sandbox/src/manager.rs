@@ -431,11 +431,16 @@ impl SandboxManager {
     }
 
     /// Sandbox `id` as last committed (a pause or resume in progress shows
-    /// the state before it; this never waits for one).
+    /// the state before it; this never waits for one). Read on a blocking
+    /// thread: the proxy asks on every request, and the store's connection
+    /// may be held through a commit's fsync.
     pub async fn get(&self, id: &str) -> Result<SandboxInfo> {
-        self.store
-            .get(id)?
-            .ok_or_else(|| Error::SandboxNotFound { id: id.to_string() })
+        let owned = id.to_string();
+        blocking::db(&self.store, "reading a sandbox's row", move |s| {
+            s.get(&owned)
+        })
+        .await?
+        .ok_or_else(|| Error::SandboxNotFound { id: id.to_string() })
     }
 
     /// A client for the agent of running sandbox `id`.
