@@ -60,6 +60,7 @@ async fn binary_starts_fast_and_runs_a_command() {
     );
 
     // Run as ourselves: root by default, or our own name when not root.
+    // SAFETY: getuid has no preconditions and cannot fail.
     let uid = unsafe { libc::getuid() };
     let user = siesta_agent::users::UserDb::default().user_name(uid);
     let auth = format!(

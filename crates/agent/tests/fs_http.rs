@@ -168,6 +168,7 @@ async fn upload_forms_and_download() {
         serde_json::json!([{"name": "state.txt", "path": dest.to_str().unwrap(), "type": "file"}])
     );
     assert_eq!(std::fs::read(&dest).unwrap(), b"persist-me");
+    // SAFETY: getuid has no preconditions and cannot fail.
     let uid = unsafe { libc::getuid() };
     assert_eq!(std::fs::metadata(&dest).unwrap().uid(), uid);
     assert_eq!(std::fs::metadata(home.join("deep")).unwrap().uid(), uid);
@@ -296,6 +297,7 @@ async fn upload_forms_and_download() {
 #[tokio::test]
 async fn other_users_are_held_to_mode_bits() {
     let g = Guest::start().await;
+    // SAFETY: getuid has no preconditions and cannot fail.
     if unsafe { libc::getuid() } == 54321 {
         return;
     }

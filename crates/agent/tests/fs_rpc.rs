@@ -37,6 +37,7 @@ async fn filesystem_rpcs() {
     assert_eq!(made.path, home.join("a/b/c").to_str().unwrap());
     assert_eq!(made.r#type, FileType::Directory as i32);
     // `user` shares the test's uid; as root, the passwd's first entry wins.
+    // SAFETY: getuid has no preconditions and cannot fail.
     let me = if unsafe { libc::getuid() } == 0 {
         "root"
     } else {

@@ -149,6 +149,7 @@ async fn environment_user_and_cwd() {
     cfg.envs.insert("FROM_REQ".into(), "r".into());
     cfg.cwd = Some("/tmp".into());
     // The default user (`user`, the test's own uid) and explicitly by Basic auth.
+    // SAFETY: a plain libc call with no preconditions.
     let uid = unsafe { libc::getuid() };
     for headers in [&[][..], &[("authorization", "Basic dXNlcjo=")][..]] {
         let r = run(&c, Codec::Json, req.clone(), headers).await;

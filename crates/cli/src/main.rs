@@ -139,7 +139,7 @@ fn main() -> std::process::ExitCode {
             Command::Serve(args) => serve::run(args).await,
             Command::Template(cmd) => template::run(cmd).await,
             Command::Sandbox(cmd) => client::run(cmd).await,
-            Command::Bench(cmd) => bench::run(cmd).await,
+            Command::Bench(cmd) => Box::pin(bench::run(cmd)).await,
             Command::Snapshot(cmd) => snapshot::run(cmd).await,
             Command::Files(cmd) => files::run(cmd).await,
             Command::Volume(cmd) => volume::run(cmd).await,

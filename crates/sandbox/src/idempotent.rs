@@ -77,7 +77,7 @@ impl SandboxManager {
                 Err(e) => Err(e),
             };
         }
-        let info = self.create_op(req).await?;
+        let info = Box::pin(self.create_op(req)).await?;
         let made = KeyedCreate {
             sandbox_id: info.id.clone(),
             request_sha256: request_sha256.to_string(),

@@ -232,7 +232,7 @@ impl SandboxManager {
         let timeout = deadline(req.timeout_secs)?;
         let template = match self.source(&req.template).await? {
             Source::Template(t) => *t,
-            Source::Snapshot(snap) => return self.create_from_snapshot(&snap, req).await,
+            Source::Snapshot(snap) => return Box::pin(self.create_from_snapshot(&snap, req)).await,
         };
         crate::volumes::check_mounts(&req.volume_mounts)?;
         self.node.check_template(&template).await?;

@@ -59,11 +59,9 @@ impl SandboxManager {
     /// `req.template` names one.
     pub async fn create(self: &Arc<Self>, req: CreateRequest) -> Result<SandboxInfo> {
         let this = self.clone();
-        self.outliving(
-            "creating a sandbox",
-            async move { this.create_op(req).await },
-        )
-        .await
+        // Boxed: a create's future is large (clippy::large_futures).
+        let op = Box::pin(async move { Box::pin(this.create_op(req)).await });
+        self.outliving("creating a sandbox", op).await
     }
 
     /// Creates as `req` asks unless `key` already made a sandbox (see
@@ -75,10 +73,8 @@ impl SandboxManager {
         req: CreateRequest,
     ) -> Result<(SandboxInfo, KeyedOutcome)> {
         let (this, key, sha) = (self.clone(), key.to_string(), request_sha256.to_string());
-        self.outliving("creating a sandbox", async move {
-            this.create_keyed_op(&key, &sha, req).await
-        })
-        .await
+        let op = Box::pin(async move { Box::pin(this.create_keyed_op(&key, &sha, req)).await });
+        self.outliving("creating a sandbox", op).await
     }
 
     /// Saves the sandbox's memory, devices and disk, then stops its VM and

@@ -368,7 +368,7 @@ impl SandboxManager {
             guest_token: &meta.guest_token,
             rebase_disk: true,
         };
-        self.create_from_capture(&template, origin, req).await
+        Box::pin(self.create_from_capture(&template, origin, req)).await
     }
 
     async fn create_from_capture(

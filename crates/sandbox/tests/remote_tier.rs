@@ -111,36 +111,40 @@ async fn a_node_creates_from_what_only_the_object_store_has() {
     let config = weed.config();
     let store = remote.clone();
     let lazy_root = b.path().join("lazy");
-    with_node(b.path(), 'b', |node, m| async move {
-        let (fill, gate) = tokio::sync::watch::channel(false);
-        let lazy = LazyTier::mount(&lazy_root).expect("FUSE mount");
-        m.set_remote(RemoteTier::new(store.clone()).with_lazy(lazy.with_fill_gate(gate)));
-        from_the_store(&m, &repo_b, &base_id, fill).await;
-        snapshot_shared(&m, &store).await;
-        unreachable_store(&node, &repo_b, &config).await;
+    with_node(b.path(), 'b', |node, m| {
+        Box::pin(async move {
+            let (fill, gate) = tokio::sync::watch::channel(false);
+            let lazy = LazyTier::mount(&lazy_root).expect("FUSE mount");
+            m.set_remote(RemoteTier::new(store.clone()).with_lazy(lazy.with_fill_gate(gate)));
+            from_the_store(&m, &repo_b, &base_id, fill).await;
+            snapshot_shared(&m, &store).await;
+            unreachable_store(&node, &repo_b, &config).await;
+        })
     })
     .await;
     no_sandbox_dirs(b.path());
     drop(b);
 
     let c = home("siesta-remote-c");
-    with_node(c.path(), 'c', |_, m| async move {
-        m.set_remote(RemoteTier::new(remote.clone()));
-        let child = m
-            .create(create("stored"))
-            .await
-            .expect("create fetches it")
-            .id;
-        let note = exec_ok(&m, &child, "cat /home/user/note").await;
-        assert_eq!(note.trim(), "kept-in-the-store");
-        evicted_and_fetched_again(&m, &child).await;
-        let id = m.delete_snapshot("stored").unwrap().expect("C has it now");
-        m.unshare_snapshot(&id).await;
-        assert!(
-            !remote.contains(&id).await.unwrap(),
-            "deleted from the store"
-        );
-        assert!(remote.alias_target("snapshot:stored").await.is_err());
+    with_node(c.path(), 'c', |_, m| {
+        Box::pin(async move {
+            m.set_remote(RemoteTier::new(remote.clone()));
+            let child = m
+                .create(create("stored"))
+                .await
+                .expect("create fetches it")
+                .id;
+            let note = exec_ok(&m, &child, "cat /home/user/note").await;
+            assert_eq!(note.trim(), "kept-in-the-store");
+            evicted_and_fetched_again(&m, &child).await;
+            let id = m.delete_snapshot("stored").unwrap().expect("C has it now");
+            m.unshare_snapshot(&id).await;
+            assert!(
+                !remote.contains(&id).await.unwrap(),
+                "deleted from the store"
+            );
+            assert!(remote.alias_target("snapshot:stored").await.is_err());
+        })
     })
     .await;
     no_sandbox_dirs(c.path());

@@ -68,7 +68,9 @@ async fn sandboxes_survive_server_crash_stop_and_timeout() {
     std::os::unix::fs::symlink(assets_dir(), home.path().join("assets")).unwrap();
     let netns_before = netns_names();
 
-    let outcome = AssertUnwindSafe(scenario(home.path())).catch_unwind().await;
+    let outcome = AssertUnwindSafe(Box::pin(scenario(home.path())))
+        .catch_unwind()
+        .await;
 
     // Whatever the scenario left (it may have panicked holding managers and
     // nodes): a new node clears the tag's namespaces, a new manager kills

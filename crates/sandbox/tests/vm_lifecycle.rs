@@ -82,7 +82,7 @@ async fn vm_lifecycle_end_to_end() {
     // In-memory state: shutdown kills what a failed scenario left running.
     let manager = SandboxManager::ephemeral(node.clone()).expect("manager");
 
-    let outcome = AssertUnwindSafe(scenario(&node, &manager, home.path()))
+    let outcome = AssertUnwindSafe(Box::pin(scenario(&node, &manager, home.path())))
         .catch_unwind()
         .await;
     manager.shutdown().await;
@@ -361,6 +361,7 @@ async fn scenario(node: &Arc<Node>, m: &Arc<SandboxManager>, home: &Path) {
 
     // A VMM killed under a sandbox: clear error, and kill still cleans up.
     let pid = b.vmm_pid.expect("pid");
+    // SAFETY: kill has no memory preconditions; pid is the VMM this test started.
     unsafe { libc::kill(pid as i32, libc::SIGKILL) };
     tokio::time::sleep(Duration::from_millis(200)).await;
     let err = m

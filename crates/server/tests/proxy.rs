@@ -62,6 +62,7 @@ impl Harness {
         let root = guest.path();
         let home = root.join("home/user");
         std::fs::create_dir_all(&home).unwrap();
+        // SAFETY: getuid and getgid have no preconditions and cannot fail.
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
         let passwd = root.join("passwd");
         let group = root.join("group");

@@ -43,8 +43,8 @@ impl PtyMaster {
     pub async fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
         loop {
             let mut guard = self.fd.readable().await?;
-            // SAFETY: buf is valid for buf.len() bytes; the fd is owned.
             let res = guard.try_io(|fd| {
+                // SAFETY: buf is valid for buf.len() bytes; the fd is owned.
                 let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
                 if n < 0 {
                     Err(io::Error::last_os_error())
@@ -66,8 +66,8 @@ impl PtyMaster {
     pub async fn write_all(&self, mut data: &[u8]) -> io::Result<()> {
         while !data.is_empty() {
             let mut guard = self.fd.writable().await?;
-            // SAFETY: data is valid for data.len() bytes; the fd is owned.
             let res = guard.try_io(|fd| {
+                // SAFETY: data is valid for data.len() bytes; the fd is owned.
                 let n = unsafe { libc::write(fd.as_raw_fd(), data.as_ptr().cast(), data.len()) };
                 if n < 0 {
                     Err(io::Error::last_os_error())

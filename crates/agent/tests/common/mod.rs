@@ -21,7 +21,9 @@ impl Guest {
     pub async fn start() -> Guest {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path();
+        // SAFETY: getuid and getgid have no preconditions and cannot fail.
         let uid = unsafe { libc::getuid() };
+        // SAFETY: as above.
         let gid = unsafe { libc::getgid() };
         let home = root.join("home/user");
         std::fs::create_dir_all(&home).unwrap();

@@ -44,9 +44,9 @@ pub enum BenchCommand {
 
 pub async fn run(cmd: BenchCommand) -> anyhow::Result<ExitCode> {
     match cmd {
-        BenchCommand::Resume(args) => resume::run(args).await,
+        BenchCommand::Resume(args) => Box::pin(resume::run(args)).await,
         BenchCommand::Agent(args) => agent::run(args).await,
-        BenchCommand::Pause(args) => pause::run(args).await,
+        BenchCommand::Pause(args) => Box::pin(pause::run(args)).await,
         BenchCommand::Fork(args) => fork::run(args).await,
         BenchCommand::Density(args) => density::run(args).await,
         BenchCommand::MemoryReturn(args) => memory_return::run(args).await,
