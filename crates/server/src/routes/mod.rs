@@ -25,6 +25,7 @@ mod query;
 mod sandboxes;
 mod snapshots;
 mod template_builds;
+mod template_files;
 mod template_tags;
 mod templates;
 mod unsupported;
@@ -98,7 +99,7 @@ pub(crate) fn control_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(unsupported::secret_missing))
         .routes(routes!(volumes::create, volumes::list))
         .routes(routes!(volumes::get, volumes::delete))
-        .routes(routes!(template_builds::files))
+        .routes(routes!(template_files::files))
         .routes(routes!(template_builds::start))
         .routes(routes!(template_builds::status))
         .routes(routes!(template_builds::logs))
@@ -111,7 +112,7 @@ pub(crate) fn public_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(node::health))
         .routes(routes!(node::prometheus))
         .routes(routes!(node::openapi))
-        .routes(routes!(template_builds::upload))
+        .routes(routes!(template_files::upload))
         .routes(routes!(
             volume_content::read_file,
             volume_content::write_file
