@@ -243,8 +243,7 @@ impl Etcd {
             .await
             .map_err(|e| Attempt::TryAnother(format!("{url}: {e}")))?;
         let status = resp.status();
-        let bytes = resp
-            .bytes()
+        let bytes = read_bounded(resp)
             .await
             .map_err(|e| Attempt::TryAnother(format!("{url}: {status}: unreadable answer: {e}")))?;
         let v: Value = serde_json::from_slice(&bytes).map_err(|e| {
@@ -279,6 +278,22 @@ impl Etcd {
         }
         Ok(v)
     }
+}
+
+/// The largest answer read from etcd: a range of every sandbox row of a
+/// big cluster fits many times over, and a member (or whoever answers in
+/// its place) cannot grow the node's memory without bound.
+const MAX_ANSWER_BYTES: usize = 64 << 20;
+
+async fn read_bounded(mut resp: reqwest::Response) -> std::result::Result<Vec<u8>, String> {
+    let mut out = Vec::new();
+    while let Some(chunk) = resp.chunk().await.map_err(|e| e.to_string())? {
+        if out.len() + chunk.len() > MAX_ANSWER_BYTES {
+            return Err(format!("answer over {} MiB", MAX_ANSWER_BYTES >> 20));
+        }
+        out.extend_from_slice(&chunk);
+    }
+    Ok(out)
 }
 
 /// How long a call keeps trying members before it fails: longer than an
