@@ -95,7 +95,7 @@ pub async fn run(args: PauseArgs) -> anyhow::Result<ExitCode> {
         bail!("give at least one sample and one --dirty-mib size");
     }
     let session = Session::start().await?;
-    let outcome = measure_all(&session.manager, &args).await;
+    let outcome = Box::pin(measure_all(&session.manager, &args)).await;
     session.close().await;
     let rows = outcome?;
     report(&args, &rows);
