@@ -1,8 +1,9 @@
 //! A pool of ready slots: created ahead of time, handed out, taken back.
 
 use std::collections::BTreeSet;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 use tokio::sync::{Mutex, RwLock};
 
 use crate::boundary::Boundary;
@@ -74,6 +75,9 @@ struct State {
     /// Background creations in flight, counted against the warm target.
     refilling: usize,
     stats: PoolStats,
+    /// Taken by `start`, which spawns the task that destroys slots dropped
+    /// without release.
+    orphans: Option<UnboundedReceiver<usize>>,
 }
 
 struct Shared {
@@ -88,6 +92,8 @@ struct Shared {
     /// Held shared by every slot creation, exclusively by shutdown, so that
     /// shutdown never races a half-built slot.
     gate: RwLock<()>,
+    /// Handed to every slot handed out (see [`Slot`]'s lease).
+    orphans: UnboundedSender<usize>,
 }
 
 /// Concurrency-safe pool of network slots; cheap to clone.
@@ -106,6 +112,7 @@ impl SlotPool {
                 config.warm, config.capacity
             )));
         }
+        let (orphans, orphans_rx) = unbounded_channel();
         Ok(Self {
             shared: Arc::new(Shared {
                 tag,
@@ -121,8 +128,10 @@ impl SlotPool {
                     allocated: BTreeSet::new(),
                     refilling: 0,
                     stats: PoolStats::default(),
+                    orphans: Some(orphans_rx),
                 }),
                 gate: RwLock::new(()),
+                orphans,
             }),
         })
     }
@@ -146,6 +155,9 @@ impl SlotPool {
                 return Err(self.state_err("start called twice"));
             }
             st.phase = Phase::Running;
+            if let Some(rx) = st.orphans.take() {
+                tokio::spawn(reap_orphans(Arc::downgrade(sh), rx));
+            }
         }
         host::cleanup_leftovers(&sh.tag).await?;
         host::check_subnet_free(&sh.tag, &sh.subnet).await?;
@@ -170,17 +182,19 @@ impl SlotPool {
             st.stats.warm = st.warm.len();
             s
         };
-        let slot = match warm {
+        let mut slot = match warm {
             Some(s) => s,
             None => self.create_reserved().await?,
         };
+        slot.lease_to(self.shared.orphans.clone());
         self.spawn_refill();
         Ok(slot)
     }
 
     /// Takes a slot back: keeps it warm (after flushing its conntrack state)
     /// if the warm set has room, destroys it otherwise.
-    pub async fn release(&self, slot: Slot) -> Result<()> {
+    pub async fn release(&self, mut slot: Slot) -> Result<()> {
+        slot.end_lease();
         // The private layout, not the caller-visible copy.
         let index = slot.layout().index;
         let keep = {
@@ -333,6 +347,23 @@ impl SlotPool {
         });
     }
 
+    /// Destroys a slot dropped without release, unless shutdown already
+    /// took it (shutdown waits on the gate, so the two never overlap).
+    async fn reap(&self, index: usize) {
+        let _shared = self.shared.gate.read().await;
+        {
+            let st = self.shared.state.lock().await;
+            if st.phase != Phase::Running || !st.allocated.contains(&index) {
+                return;
+            }
+        }
+        match self.destroy_index(index).await {
+            Ok(()) => tracing::info!(slot = index, "dropped network slot destroyed"),
+            Err(e) => tracing::warn!(slot = index, error = %e, "destroying a dropped slot"),
+        }
+        self.spawn_refill();
+    }
+
     async fn destroy_index(&self, index: usize) -> Result<()> {
         let layout = self.layout(index)?;
         let r = destroy(&layout).await;
@@ -355,5 +386,14 @@ impl SlotPool {
             tag: self.shared.tag.to_string(),
             state,
         }
+    }
+}
+
+/// Destroys, one at a time, the slots reported dropped without release,
+/// for as long as the pool exists.
+async fn reap_orphans(pool: Weak<Shared>, mut orphans: UnboundedReceiver<usize>) {
+    while let Some(index) = orphans.recv().await {
+        let Some(shared) = pool.upgrade() else { return };
+        SlotPool { shared }.reap(index).await;
     }
 }

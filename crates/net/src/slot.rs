@@ -5,6 +5,7 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::Mutex;
 
 use crate::boundary::Boundary;
@@ -33,6 +34,11 @@ pub enum GuestLink {
 
 /// A ready slot, handed out by [`crate::SlotPool::acquire`]. The public
 /// fields are copies for the caller; the pool works from its own layout.
+///
+/// A handed-out slot is a lease: given back with
+/// [`crate::SlotPool::release`], or, if its holder is dropped first (a task
+/// cancelled or panicking between acquire and release), it tells the pool
+/// on drop and the pool destroys it. No path leaks a namespace.
 #[derive(Debug)]
 pub struct Slot {
     pub index: usize,
@@ -56,6 +62,23 @@ pub struct Slot {
     proxy: Mutex<Option<EgressProxy>>,
     resolver: Arc<Resolver>,
     boundary: Arc<Boundary>,
+    /// Set while handed out: where the slot's index goes if it is dropped
+    /// without being released.
+    lease: Option<UnboundedSender<usize>>,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if let Some(orphans) = self.lease.take() {
+            tracing::warn!(
+                slot = self.layout.index,
+                "network slot dropped without release: the pool destroys it"
+            );
+            // The pool gone means shut down: its teardown (or the next
+            // start's cleanup) removes the slot.
+            let _ = orphans.send(self.layout.index);
+        }
+    }
 }
 
 impl Slot {
@@ -80,7 +103,19 @@ impl Slot {
             proxy: Mutex::new(None),
             resolver,
             boundary,
+            lease: None,
         }
+    }
+
+    /// Handed out: from now on a drop without release reports the slot to
+    /// `orphans`.
+    pub(crate) fn lease_to(&mut self, orphans: UnboundedSender<usize>) {
+        self.lease = Some(orphans);
+    }
+
+    /// Given back (or kept by the pool): dropping it is no longer a leak.
+    pub(crate) fn end_lease(&mut self) {
+        self.lease = None;
     }
 
     /// `/run/netns/NAME`.

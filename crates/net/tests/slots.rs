@@ -218,6 +218,18 @@ async fn tap_slots_pool_reuse_and_policy() {
     );
 
     pool.release(a).await.unwrap();
+    // A holder dropped without releasing its slot (a task cancelled or
+    // panicking mid-resume): the pool destroys the slot and its room
+    // comes back, instead of the namespace leaking until restart.
+    let destroyed = pool.stats().await.destroyed;
+    let orphan = pool.acquire().await.unwrap();
+    assert_eq!(pool.room().await, 0);
+    drop(orphan);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while pool.stats().await.destroyed == destroyed || pool.room().await != 1 {
+        assert!(Instant::now() < deadline, "dropped slot never reclaimed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     pool.release(again).await.unwrap();
     pool.shutdown().await.unwrap();
     assert_nothing_left(&tag);

@@ -484,7 +484,10 @@ fn load_error(e: VmmError, state: &Path, id: &str) -> Error {
 
 /// Owns a half-resumed VM: if the resume fails, the VMM is stopped, the
 /// slot returned and `scratch` (a directory only this attempt made) removed,
-/// so nothing is left behind.
+/// so nothing is left behind. Dropped while still armed (the resume's task
+/// cancelled or panicking), it does the same without waiting: the VMM is
+/// killed by its own drop, the slot goes back through its lease, the
+/// volumes' exports stop as they drop, and the scratch directory goes here.
 struct Cleanup<'a> {
     node: &'a Arc<Node>,
     id: String,
@@ -525,5 +528,20 @@ impl<'a> Cleanup<'a> {
             let _ = std::fs::remove_dir_all(&scratch);
         }
         err
+    }
+}
+
+impl Drop for Cleanup<'_> {
+    fn drop(&mut self) {
+        if let Some((vm, slot, scratch)) = self.parts.take() {
+            tracing::warn!(sandbox = %self.id, "resume abandoned midway: undoing it");
+            drop(vm);
+            drop(slot);
+            if let Err(e) = std::fs::remove_dir_all(&scratch) {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    tracing::warn!(sandbox = %self.id, "removing {}: {e}", scratch.display());
+                }
+            }
+        }
     }
 }
