@@ -6,12 +6,9 @@
 //! stall every request that worker serves (`/health` included) for as long
 //! as the disk takes; here they run on tokio's blocking threads instead.
 
-use std::sync::Arc;
-
 use siesta_snapshot::Repository;
 
 use crate::error::{Error, Result};
-use crate::store::{Store, StoreResult};
 
 /// Runs `f` on a blocking thread. `what` names the work in the error a
 /// panic in it becomes.
@@ -26,16 +23,6 @@ where
             what: what.to_string(),
             detail: e.to_string(),
         })?
-}
-
-/// Runs `f` with the state database on a blocking thread.
-pub async fn db<T, F>(store: &Arc<Store>, what: &str, f: F) -> Result<T>
-where
-    F: FnOnce(&Store) -> StoreResult<T> + Send + 'static,
-    T: Send + 'static,
-{
-    let store = Arc::clone(store);
-    run(what, move || Ok(f(&store)?)).await
 }
 
 /// Runs `f` with the snapshot repository on a blocking thread.

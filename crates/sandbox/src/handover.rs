@@ -23,6 +23,7 @@ use crate::blocking;
 use crate::error::{Error, IoContext, Result};
 use crate::manager::SandboxManager;
 use crate::sandbox::{Sandbox, SandboxInfo, SandboxRecord, SandboxState, DISK_FILE};
+use crate::store;
 
 impl SandboxManager {
     /// Pushes paused sandbox `id`'s snapshot to the object store in the
@@ -228,7 +229,7 @@ impl SandboxManager {
             return Ok(false);
         }
         let row = id.to_string();
-        blocking::db(&self.store, "forgetting a sandbox that moved", move |s| {
+        store::db(&self.store, "forgetting a sandbox that moved", move |s| {
             s.delete(&row)
         })
         .await?;

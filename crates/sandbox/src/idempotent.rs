@@ -5,10 +5,10 @@
 
 use chrono::Utc;
 
-use crate::blocking;
 use crate::error::{Error, Result};
 use crate::manager::{CreateRequest, SandboxManager};
 use crate::sandbox::SandboxInfo;
+use crate::store;
 use crate::store::{KeyedCreate, IDEMPOTENCY_TTL_HOURS};
 
 /// Whether a keyed create made the sandbox or found it.
@@ -52,7 +52,7 @@ impl SandboxManager {
             detail,
         };
         let owned = key.to_string();
-        let found = blocking::db(&self.store, "looking up an idempotency key", move |s| {
+        let found = store::db(&self.store, "looking up an idempotency key", move |s| {
             s.keyed_create(&owned, Utc::now())
         });
         if let Some(made) = found.await? {
@@ -84,7 +84,7 @@ impl SandboxManager {
             created_at: Utc::now(),
         };
         let owned = key.to_string();
-        let recorded = blocking::db(&self.store, "recording an idempotency key", move |s| {
+        let recorded = store::db(&self.store, "recording an idempotency key", move |s| {
             s.put_keyed_create(&owned, &made)
         });
         if let Err(e) = recorded.await {

@@ -39,6 +39,7 @@ pub mod snapshots;
 pub mod stages;
 pub mod store;
 pub mod template;
+mod volume_users;
 pub mod volumes;
 
 pub use config::NodeConfig;

@@ -17,12 +17,12 @@ use chrono::Utc;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::blocking;
 use crate::error::{Error, Result};
 use crate::manager::SandboxManager;
 use crate::memory_save::SaveMemory;
 use crate::paused::PauseMode;
 use crate::sandbox::{OnTimeout, SandboxInfo, SandboxState};
+use crate::store;
 
 /// Timeout of a sandbox created or resumed without one (as E2B).
 pub const DEFAULT_TIMEOUT_SECS: u64 = 300;
@@ -112,7 +112,7 @@ impl SandboxManager {
     /// then expired deadlines.
     pub(crate) async fn reap_once(self: &Arc<Self>) {
         self.find_dead_vmms().await;
-        let expired = blocking::db(&self.store, "finding expired sandboxes", |s| {
+        let expired = store::db(&self.store, "finding expired sandboxes", |s| {
             s.expired(Utc::now())
         });
         let expired = match expired.await {

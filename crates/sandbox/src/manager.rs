@@ -19,7 +19,6 @@ use chrono::Utc;
 use siesta_net::EgressPolicy;
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
-use crate::blocking;
 use crate::envd::{EnvdClient, ExecOutput, InitParams};
 use crate::error::{Error, IoContext, Result};
 use crate::lifecycle::{deadline, Reaper};
@@ -32,6 +31,7 @@ use crate::running::{finish_stopping, running, set_running, stop_running};
 use crate::sandbox::{
     qcow2_virtual_size, Lifecycle, Sandbox, SandboxInfo, SandboxRecord, SandboxState, DISK_FILE,
 };
+use crate::store;
 use crate::store::{ListQuery, Store, StoreError, DB_FILE};
 use crate::template::Template;
 
@@ -320,7 +320,7 @@ impl SandboxManager {
     /// Every sandbox (running, paused and dead), oldest first, as last
     /// committed: it never waits for a sandbox busy pausing or resuming.
     pub async fn list(&self) -> Vec<SandboxInfo> {
-        let all = blocking::db(&self.store, "listing sandboxes", |s| s.all()).await;
+        let all = store::db(&self.store, "listing sandboxes", |s| s.all()).await;
         all.unwrap_or_else(|e| {
             tracing::error!("listing sandboxes: {e}");
             Vec::new()
@@ -375,7 +375,7 @@ impl SandboxManager {
 
     /// How many sandboxes are in each state (for the metrics' gauges).
     pub async fn count_by_state(&self) -> Result<Vec<(SandboxState, u64)>> {
-        blocking::db(&self.store, "counting sandboxes", |s| {
+        store::db(&self.store, "counting sandboxes", |s| {
             [
                 SandboxState::Running,
                 SandboxState::Paused,
@@ -391,7 +391,7 @@ impl SandboxManager {
     /// Commits `record` to the state database (off the async threads).
     pub(crate) async fn save_record(&self, record: &SandboxRecord) -> Result<()> {
         let record = record.clone();
-        blocking::db(&self.store, "saving a sandbox's record", move |s| {
+        store::db(&self.store, "saving a sandbox's record", move |s| {
             s.put(&record)
         })
         .await
@@ -403,7 +403,7 @@ impl SandboxManager {
     /// `next_token` is [`Error::Invalid`].
     pub async fn list_page(&self, q: &ListQuery) -> Result<(Vec<SandboxInfo>, Option<String>)> {
         let q = q.clone();
-        blocking::db(&self.store, "listing sandboxes", move |s| s.list(&q))
+        store::db(&self.store, "listing sandboxes", move |s| s.list(&q))
             .await
             .map_err(|e| match e {
                 Error::Store(StoreError::BadCursor(_)) => Error::Invalid(e.to_string()),
@@ -436,7 +436,7 @@ impl SandboxManager {
     /// may be held through a commit's fsync.
     pub async fn get(&self, id: &str) -> Result<SandboxInfo> {
         let owned = id.to_string();
-        blocking::db(&self.store, "reading a sandbox's row", move |s| {
+        store::db(&self.store, "reading a sandbox's row", move |s| {
             s.get(&owned)
         })
         .await?
@@ -587,7 +587,7 @@ impl SandboxManager {
         let id = sb.record.id.clone();
         stop_running(&self.node, sb).await;
         let row = id.clone();
-        let deleted = blocking::db(&self.store, "deleting a sandbox's record", move |s| {
+        let deleted = store::db(&self.store, "deleting a sandbox's record", move |s| {
             s.delete(&row)
         });
         if let Err(e) = deleted.await {

@@ -19,8 +19,6 @@ use siesta_volume::nfs::{NfsExport, NFS_BASE_PORT};
 use siesta_volume::Volumes;
 
 use crate::error::{Error, Result};
-use crate::manager::SandboxManager;
-use crate::sandbox::SandboxState;
 
 /// Most volumes one sandbox mounts.
 pub const MAX_MOUNTS: usize = 16;
@@ -137,30 +135,6 @@ pub fn start_exports(
         exports.push(export);
     }
     Ok(Exports { servers: exports })
-}
-
-impl SandboxManager {
-    /// Sandboxes (running or paused) that mount volume `volume_id`: a
-    /// volume they mount cannot be deleted.
-    pub async fn mounting(&self, volume_id: &str) -> Vec<String> {
-        let entries: Vec<_> = self.sandboxes.lock().await.values().cloned().collect();
-        let mut ids = Vec::new();
-        for entry in entries {
-            let sb = entry.lock().await;
-            let alive = !matches!(sb.record.state, SandboxState::Dead);
-            if alive
-                && sb
-                    .record
-                    .volume_mounts
-                    .iter()
-                    .any(|m| m.volume_id == volume_id)
-            {
-                ids.push(sb.record.id.clone());
-            }
-        }
-        ids.sort();
-        ids
-    }
 }
 
 #[cfg(test)]

@@ -155,5 +155,16 @@ impl Store {
     }
 }
 
+/// Runs `f` with the state database on a blocking thread: SQLite waits
+/// for its fsyncs, which must not stall an async worker.
+pub async fn db<T, F>(store: &Arc<Store>, what: &str, f: F) -> crate::Result<T>
+where
+    F: FnOnce(&Store) -> StoreResult<T> + Send + 'static,
+    T: Send + 'static,
+{
+    let store = Arc::clone(store);
+    crate::blocking::run(what, move || Ok(f(&store)?)).await
+}
+
 #[cfg(test)]
 mod tests;
