@@ -36,6 +36,11 @@ pub struct ServeArgs {
     /// in the kernel's queue until one closes.
     #[arg(long, env = "SIESTA_MAX_CONNECTIONS", value_parser = clap::value_parser!(u64).range(1..))]
     max_connections: Option<u64>,
+    /// Most connections open at once from one client address (default
+    /// 1000); past it that address's new connections are closed. Behind a
+    /// reverse proxy every client has the proxy's address: raise it there.
+    #[arg(long, env = "SIESTA_MAX_CONNECTIONS_PER_IP", value_parser = clap::value_parser!(u64).range(1..))]
+    max_connections_per_ip: Option<u64>,
     #[command(flatten)]
     cluster: crate::serve_cluster::ClusterArgs,
 }
@@ -72,6 +77,7 @@ impl ServeArgs {
             limits: limits(
                 self.header_timeout_secs.or(file.header_timeout_secs),
                 self.max_connections.or(file.max_connections),
+                self.max_connections_per_ip.or(file.max_connections_per_ip),
             )?,
         })
     }
@@ -188,18 +194,23 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
 fn limits(
     header_timeout_secs: Option<u64>,
     max_connections: Option<u64>,
+    max_connections_per_ip: Option<u64>,
 ) -> anyhow::Result<siesta_server::HttpLimits> {
     let defaults = siesta_server::HttpLimits::default();
     // The flags refuse 0 themselves; the file's values are checked here.
-    if header_timeout_secs == Some(0) || max_connections == Some(0) {
-        anyhow::bail!("server.header_timeout_secs and server.max_connections must be at least 1");
+    if [header_timeout_secs, max_connections, max_connections_per_ip].contains(&Some(0)) {
+        anyhow::bail!(
+            "server.header_timeout_secs, server.max_connections and \
+             server.max_connections_per_ip must be at least 1"
+        );
     }
+    let count = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
     Ok(siesta_server::HttpLimits {
         header_timeout: header_timeout_secs
             .map_or(defaults.header_timeout, std::time::Duration::from_secs),
-        max_connections: max_connections.map_or(defaults.max_connections, |n| {
-            usize::try_from(n).unwrap_or(usize::MAX)
-        }),
+        max_connections: max_connections.map_or(defaults.max_connections, count),
+        max_connections_per_ip: max_connections_per_ip
+            .map_or(defaults.max_connections_per_ip, count),
     })
 }
 
@@ -322,12 +333,14 @@ mod tests {
     #[test]
     fn listener_limits_come_from_flag_or_file_else_the_defaults() {
         let defaults = siesta_server::HttpLimits::default();
-        assert_eq!(limits(None, None).unwrap(), defaults);
-        let set = limits(Some(5), Some(7)).unwrap();
+        assert_eq!(limits(None, None, None).unwrap(), defaults);
+        let set = limits(Some(5), Some(7), Some(3)).unwrap();
         assert_eq!(set.header_timeout, std::time::Duration::from_secs(5));
         assert_eq!(set.max_connections, 7);
-        assert!(limits(Some(0), None).is_err());
-        assert!(limits(None, Some(0)).is_err());
+        assert_eq!(set.max_connections_per_ip, 3);
+        assert!(limits(Some(0), None, None).is_err());
+        assert!(limits(None, Some(0), None).is_err());
+        assert!(limits(None, None, Some(0)).is_err());
     }
 
     #[test]

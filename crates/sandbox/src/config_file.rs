@@ -93,6 +93,8 @@ pub struct ServerSection {
     pub header_timeout_secs: Option<u64>,
     /// Most client connections open at once.
     pub max_connections: Option<u64>,
+    /// Most client connections open at once from one address.
+    pub max_connections_per_ip: Option<u64>,
     /// `text` (default) or `json`: one JSON object a log line.
     pub log_format: Option<LogFormat>,
 }

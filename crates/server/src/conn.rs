@@ -17,6 +17,8 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::OwnedSemaphorePermit;
 
+use crate::peers::PeerPlace;
+
 /// One client connection.
 pub struct Conn {
     stream: TcpStream,
@@ -24,14 +26,17 @@ pub struct Conn {
     /// Its place under the server's connection cap, given back when the
     /// socket closes (an upgraded connection keeps it while it lives).
     _slot: OwnedSemaphorePermit,
+    /// Its place under its peer's share of the cap, likewise.
+    _peer: PeerPlace,
 }
 
 impl Conn {
-    pub fn new(stream: TcpStream, slot: OwnedSemaphorePermit) -> Self {
+    pub fn new(stream: TcpStream, slot: OwnedSemaphorePermit, peer: PeerPlace) -> Self {
         Self {
             stream,
             reset: Arc::new(AtomicBool::new(false)),
             _slot: slot,
+            _peer: peer,
         }
     }
 

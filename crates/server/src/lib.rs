@@ -12,6 +12,7 @@ pub mod conn;
 mod error;
 pub mod listen;
 mod metrics;
+pub mod peers;
 pub mod proxy;
 mod routes;
 mod sandbox_metrics;

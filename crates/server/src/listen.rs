@@ -13,6 +13,9 @@
 //!   it, new connections wait in the kernel's accept queue until one
 //!   closes, instead of the server running out of descriptors, which would
 //!   also stop its sandboxes' QEMU from opening files.
+//! - **A share of the cap per client address**
+//!   ([`HttpLimits::max_connections_per_ip`], see [`crate::peers`]), so one
+//!   host cannot hold every place.
 //!
 //! HTTP/2 connections get a ping every [`H2_PING`]; a peer that does not
 //! answer within [`H2_PING_TIMEOUT`] is dropped.
@@ -33,6 +36,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::conn::Conn;
+use crate::peers::PeerCounts;
 
 /// How often an HTTP/2 connection is pinged, and how long the answer may
 /// take before the connection is dropped.
@@ -47,6 +51,9 @@ const FULL_LOG_EVERY: Duration = Duration::from_secs(60);
 pub struct HttpLimits {
     pub header_timeout: Duration,
     pub max_connections: usize,
+    /// Most connections open at once from one client address; past it that
+    /// address's new connections are closed at once.
+    pub max_connections_per_ip: usize,
 }
 
 impl HttpLimits {
@@ -54,6 +61,10 @@ impl HttpLimits {
     /// Each connection holds a descriptor, and a proxied one a second to
     /// the guest: well under the systemd unit's `LimitNOFILE`.
     pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
+    /// A tenth of the cap: room for a busy client's pool, and no single host
+    /// can fill the server. Behind a reverse proxy every client is the
+    /// proxy's address: raise it to the cap there.
+    pub const DEFAULT_MAX_CONNECTIONS_PER_IP: usize = 1_000;
 }
 
 impl Default for HttpLimits {
@@ -61,6 +72,7 @@ impl Default for HttpLimits {
         Self {
             header_timeout: Self::DEFAULT_HEADER_TIMEOUT,
             max_connections: Self::DEFAULT_MAX_CONNECTIONS,
+            max_connections_per_ip: Self::DEFAULT_MAX_CONNECTIONS_PER_IP,
         }
     }
 }
@@ -76,6 +88,7 @@ pub async fn serve_app(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) {
     let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let peers = PeerCounts::new(limits.max_connections_per_ip);
     let builder = Arc::new(builder(&limits));
     let graceful = GracefulShutdown::new();
     let mut full = FullLog::default();
@@ -83,7 +96,7 @@ pub async fn serve_app(
     loop {
         let accepted = tokio::select! {
             () = &mut shutdown => break,
-            conn = accept(&listener, &slots, &mut full, limits.max_connections) => conn,
+            conn = accept(&listener, &slots, &peers, &mut full, limits.max_connections) => conn,
         };
         tokio::spawn(serve_one(
             accepted,
@@ -146,20 +159,26 @@ fn builder(limits: &HttpLimits) -> auto::Builder<TokioExecutor> {
     builder
 }
 
-/// The next connection, once a slot is free for it.
+/// The next connection, once a slot is free for it, from a peer under its
+/// share of the slots (one over it is closed as it comes).
 async fn accept(
     listener: &TcpListener,
     slots: &Arc<Semaphore>,
+    peers: &PeerCounts,
     full: &mut FullLog,
     max: usize,
 ) -> Conn {
     let slot = slot(slots, full, max).await;
     loop {
         match listener.accept().await {
-            Ok((stream, _)) => {
+            Ok((stream, addr)) => {
+                let Some(place) = peers.admit(addr.ip()) else {
+                    drop(stream);
+                    continue;
+                };
                 // Small envelopes (a process's output) must not wait for Nagle.
                 let _ = stream.set_nodelay(true);
-                return Conn::new(stream, slot);
+                return Conn::new(stream, slot, place);
             }
             // Out of descriptors and the like: wait and go on serving.
             Err(e) => {

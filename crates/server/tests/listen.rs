@@ -1,7 +1,8 @@
 //! The server's listener against clients that hold connections without
 //! sending requests (slowloris): they are closed after the header timeout,
 //! while a response that streams for longer is not cut; and no more than
-//! the connection cap are served at once.
+//! the connection cap are served at once, nor more than a client's share
+//! from one address.
 //!
 //! No durations are asserted beyond "it happened before a generous bound"
 //! (and, for the cap, "not while the slot was taken").
@@ -126,6 +127,7 @@ async fn no_more_than_the_cap_are_served_at_once() {
     let limits = HttpLimits {
         header_timeout: Duration::from_secs(120),
         max_connections: 1,
+        ..HttpLimits::default()
     };
     let addr = serve(limits).await;
     let first = TcpStream::connect(addr).await.unwrap();
@@ -142,4 +144,49 @@ async fn no_more_than_the_cap_are_served_at_once() {
     drop(first);
     let said = until_closed(&mut second).await;
     assert!(said.starts_with("HTTP/1.1 200 OK"), "{said}");
+}
+
+#[tokio::test]
+async fn a_client_past_its_share_is_closed_while_others_are_served() {
+    let limits = HttpLimits {
+        header_timeout: Duration::from_secs(120),
+        max_connections_per_ip: 2,
+        ..HttpLimits::default()
+    };
+    let addr = serve(limits).await;
+    // The attack: one host holds connections open without a request.
+    let held = [
+        TcpStream::connect(addr).await.unwrap(),
+        TcpStream::connect(addr).await.unwrap(),
+    ];
+    let mut third = TcpStream::connect(addr).await.unwrap();
+    let _ = third
+        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await;
+    let said = until_closed(&mut third).await;
+    assert_eq!(said, "", "a third connection from one address was served");
+    // Another address (127.0.0.2 is loopback too) still gets in.
+    let other = tokio::net::TcpSocket::new_v4().unwrap();
+    other.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+    let mut other = other.connect(addr).await.unwrap();
+    other
+        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let said = until_closed(&mut other).await;
+    assert!(said.starts_with("HTTP/1.1 200 OK"), "{said}");
+    // A place given back is the client's again.
+    drop(held);
+    let body = tokio::time::timeout(BOUND, async {
+        loop {
+            // The server sees the close a moment after the client.
+            match reqwest::get(format!("http://{addr}/")).await {
+                Ok(r) => break r.text().await.unwrap(),
+                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+    })
+    .await
+    .expect("never served again after its connections closed");
+    assert_eq!(body, "ok");
 }
