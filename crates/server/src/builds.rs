@@ -23,6 +23,18 @@ pub const UPLOAD_LINK_TTL: Duration = Duration::from_secs(3600);
 /// At most this many log entries in one status page (E2B's limit).
 pub const MAX_LOG_PAGE: usize = 100;
 
+/// Builds remembered at most: past it the oldest finished ones are
+/// forgotten (their status then answers 404, as after a restart). Builds
+/// in progress are never forgotten.
+pub const MAX_KEPT_BUILDS: usize = 256;
+
+/// Log entries kept per build; the last one kept says that more were cut.
+/// A build's log is its steps' output, which a guest writes.
+pub const MAX_LOG_ENTRIES: usize = 10_000;
+
+/// Bytes kept of one log message.
+pub const MAX_LOG_MESSAGE: usize = 16 * 1024;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum BuildStatus {
@@ -114,6 +126,7 @@ impl Builds {
                 created_at: Utc::now(),
             },
         );
+        forget_oldest_finished(&mut self.lock(), MAX_KEPT_BUILDS);
         id
     }
 
@@ -147,15 +160,25 @@ impl Builds {
         }
     }
 
+    /// Adds a log entry to build `id`, within [`MAX_LOG_ENTRIES`] and
+    /// [`MAX_LOG_MESSAGE`].
     pub fn log(&self, id: &str, level: &'static str, step: Option<String>, message: &str) {
-        if let Some(b) = self.lock().get_mut(id) {
-            b.entries.push(LogEntry {
-                timestamp: Utc::now(),
-                level,
-                message: message.to_string(),
-                step,
-            });
-        }
+        let mut builds = self.lock();
+        let Some(b) = builds.get_mut(id) else { return };
+        let (level, message) = match b.entries.len() {
+            n if n + 1 < MAX_LOG_ENTRIES => (level, truncated(message)),
+            n if n + 1 == MAX_LOG_ENTRIES => (
+                "warn",
+                format!("build log cut at {MAX_LOG_ENTRIES} entries: later lines are not kept"),
+            ),
+            _ => return,
+        };
+        b.entries.push(LogEntry {
+            timestamp: Utc::now(),
+            level,
+            message,
+            step,
+        });
     }
 
     /// Where the archive for files hash `hash` is kept.
@@ -238,6 +261,36 @@ impl Builds {
     fn signature(&self, hash: &str, expires: u64) -> String {
         hex::encode(self.mac(hash, expires).finalize().into_bytes())
     }
+}
+
+/// Forgets finished builds, oldest first, until at most `keep` are left
+/// (or only builds in progress).
+fn forget_oldest_finished(builds: &mut HashMap<String, Build>, keep: usize) {
+    if builds.len() <= keep {
+        return;
+    }
+    let mut finished: Vec<(DateTime<Utc>, String)> = builds
+        .iter()
+        .filter(|(_, b)| matches!(b.status, BuildStatus::Ready | BuildStatus::Error))
+        .map(|(id, b)| (b.created_at, id.clone()))
+        .collect();
+    finished.sort();
+    let excess = builds.len() - keep;
+    for (_, id) in finished.into_iter().take(excess) {
+        builds.remove(&id);
+    }
+}
+
+/// `message`, cut to [`MAX_LOG_MESSAGE`] bytes on a character boundary.
+fn truncated(message: &str) -> String {
+    if message.len() <= MAX_LOG_MESSAGE {
+        return message.to_string();
+    }
+    let mut end = MAX_LOG_MESSAGE;
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{} [cut: {} bytes in all]", &message[..end], message.len())
 }
 
 pub fn is_sha256_hex(s: &str) -> bool {
@@ -333,6 +386,43 @@ mod tests {
         let archive = b.archive_path(&hash).unwrap();
         assert_eq!(std::fs::read(archive).unwrap(), b"first");
         assert!(!one.exists() && !two.exists());
+    }
+
+    #[test]
+    fn old_finished_builds_are_forgotten_and_running_ones_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let builds = Builds::new(dir.path().to_path_buf());
+        let running = builds.create("t", None, None, None, Vec::new());
+        builds.set_status(&running, BuildStatus::Building, None);
+        let mut finished = Vec::new();
+        for _ in 0..MAX_KEPT_BUILDS + 10 {
+            let id = builds.create("t", None, None, None, Vec::new());
+            builds.set_status(&id, BuildStatus::Ready, None);
+            finished.push(id);
+        }
+        assert!(builds.lock().len() <= MAX_KEPT_BUILDS + 1);
+        assert!(
+            builds.get(&running).is_some(),
+            "a running build was forgotten"
+        );
+        assert!(builds.get(finished.last().unwrap()).is_some());
+    }
+
+    #[test]
+    fn a_build_log_is_bounded_in_entries_and_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let builds = Builds::new(dir.path().to_path_buf());
+        let id = builds.create("t", None, None, None, Vec::new());
+        builds.log(&id, "info", None, &"é".repeat(MAX_LOG_MESSAGE));
+        for _ in 0..MAX_LOG_ENTRIES + 50 {
+            builds.log(&id, "info", None, "a line a guest printed");
+        }
+        let b = builds.get(&id).unwrap();
+        assert_eq!(b.entries.len(), MAX_LOG_ENTRIES);
+        assert!(b.entries[0].message.len() < MAX_LOG_MESSAGE + 64);
+        assert!(b.entries[0].message.ends_with("bytes in all]"));
+        let last = b.entries.last().unwrap();
+        assert!(last.message.contains("build log cut"), "{}", last.message);
     }
 
     #[test]

@@ -12,6 +12,12 @@ use serde_json::Value;
 /// Samples kept per sandbox: an hour at one sample every 5 s.
 const KEEP: usize = 720;
 
+/// A sandbox sampled last longer ago than this is forgotten when another is
+/// sampled: it was killed (by its timeout, or its VM died) or has not been
+/// asked about for an hour, and the map must not grow with every sandbox
+/// the node ever ran.
+const FORGET_AFTER_SECS: i64 = 3600;
+
 #[derive(Debug, Clone)]
 pub struct Sample {
     pub unix: i64,
@@ -31,6 +37,8 @@ impl SandboxMetrics {
     /// Keeps `sample` for sandbox `id`.
     pub fn record(&self, id: &str, sample: Sample) {
         let mut all = self.lock();
+        let horizon = sample.unix - FORGET_AFTER_SECS;
+        all.retain(|_, q| q.back().is_some_and(|s| s.unix >= horizon));
         let q = all.entry(id.to_string()).or_default();
         if q.back().is_some_and(|s| s.unix == sample.unix) {
             q.pop_back(); // one sample a second: the newest wins
@@ -81,6 +89,11 @@ mod tests {
         assert!(m.range("a", Some(0), Some(99)).is_empty());
         assert!(m.range("b", None, None).is_empty());
         m.forget("a");
+        // One not sampled for over an hour goes when another is sampled.
+        m.record("old", s(1_000));
+        m.record("new", s(1_000 + FORGET_AFTER_SECS + 1));
+        assert!(m.range("old", None, None).is_empty());
+        assert_eq!(m.range("new", None, None).len(), 1);
         assert!(m.range("a", None, None).is_empty());
     }
 }
