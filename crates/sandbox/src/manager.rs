@@ -86,6 +86,7 @@ pub struct SandboxManager {
     /// of one request never both create (other keys do not wait).
     pub(crate) keyed_creates: crate::key_locks::KeyLocks,
     /// Run at every step of this manager's publications (tests only).
+    #[cfg(feature = "test-hooks")]
     publish_hook: std::sync::OnceLock<siesta_snapshot::repo::PublishHook>,
     /// The shared object store, where templates and snapshots this node
     /// lacks are fetched from (none configured: only local ones exist).
@@ -183,6 +184,7 @@ impl SandboxManager {
             closed: AtomicBool::new(false),
             reaper: Reaper::default(),
             keyed_creates: crate::key_locks::KeyLocks::default(),
+            #[cfg(feature = "test-hooks")]
             publish_hook: std::sync::OnceLock::new(),
             remote: std::sync::OnceLock::new(),
             _home_lock: lock,
@@ -330,7 +332,7 @@ impl SandboxManager {
     /// Has every publication of this manager (pauses, snapshots) run
     /// `hook` at each step; tests use it to make a publication slow or stop
     /// it. Only the first call takes effect.
-    #[doc(hidden)]
+    #[cfg(feature = "test-hooks")]
     pub fn set_publish_hook(&self, hook: siesta_snapshot::repo::PublishHook) {
         let _ = self.publish_hook.set(hook);
     }
@@ -369,6 +371,7 @@ impl SandboxManager {
         Ok(())
     }
 
+    #[cfg(feature = "test-hooks")]
     pub(crate) fn publish_hook(&self) -> Option<siesta_snapshot::repo::PublishHook> {
         self.publish_hook.get().cloned()
     }
@@ -665,7 +668,7 @@ impl SandboxManager {
 
     /// Test hook: forgets every running VM and slot without stopping them,
     /// as a `kill -9` of the server would leave them. Drop the manager next.
-    #[doc(hidden)]
+    #[cfg(feature = "test-hooks")]
     pub async fn abandon_for_tests(&self) {
         self.closed.store(true, Ordering::SeqCst);
         self.reaper.stop().await;

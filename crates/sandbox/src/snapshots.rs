@@ -104,10 +104,11 @@ fn alias_of(name: &str) -> String {
 impl SandboxManager {
     pub(crate) fn repo(&self) -> Result<Repository> {
         let repo = Repository::open(self.node.config.layout().repo())?;
-        Ok(match self.publish_hook() {
-            Some(hook) => repo.with_publish_hook(hook),
-            None => repo,
-        })
+        #[cfg(feature = "test-hooks")]
+        if let Some(hook) = self.publish_hook() {
+            return Ok(repo.with_publish_hook(hook));
+        }
+        Ok(repo)
     }
 
     /// Stops running sandbox `id` for a moment to capture its state and

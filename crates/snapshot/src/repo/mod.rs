@@ -120,7 +120,7 @@ impl Repository {
     }
 
     /// Installs a hook run at every publication step (tests only).
-    #[doc(hidden)]
+    #[cfg(feature = "test-hooks")]
     pub fn with_publish_hook(mut self, hook: PublishHook) -> Self {
         self.hook = Some(hook);
         self
