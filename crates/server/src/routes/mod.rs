@@ -10,7 +10,7 @@
 //! | `template_builds.rs` | the E2B template build API: create, upload links, start, status, logs; alias, get, delete |
 //! | `volumes.rs` | volumes: create, list, get, delete |
 //! | `volume_content.rs` | a volume's files, authorised by the volume's token |
-//! | `node.rs` | `/health`, Prometheus `/metrics`, `/openapi.yaml` |
+//! | `node.rs` | `/health`, Prometheus `/metrics` (keyed), `/openapi.yaml` |
 //! | `model.rs` | the JSON models (`Sandbox`, `SandboxDetail`, `ListedSandbox`, `Error`) |
 //! | `openapi.rs` | the OpenAPI document, made from the handlers' `#[utoipa::path]` and the models |
 //! | `query.rs` | the list query string (double-encoded metadata, comma states) |
@@ -103,6 +103,7 @@ pub(crate) fn control_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(template_builds::start))
         .routes(routes!(template_builds::status))
         .routes(routes!(template_builds::logs))
+        .routes(routes!(node::prometheus))
 }
 
 /// The routes without the API key: node endpoints, signed upload links,
@@ -110,7 +111,6 @@ pub(crate) fn control_routes() -> OpenApiRouter<AppState> {
 pub(crate) fn public_routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(node::health))
-        .routes(routes!(node::prometheus))
         .routes(routes!(node::openapi))
         .routes(routes!(template_files::upload))
         .routes(routes!(
