@@ -22,6 +22,11 @@
 //! slot's policy has domain rules, sees policy updates at once, and its
 //! connections end when it stops (policy change, slot released, slot
 //! destroyed).
+//!
+//! A slot's proxy carries at most [`MAX_CONNECTIONS_PER_SLOT`] connections
+//! at once (each holds two descriptors, a task and, while it connects, a
+//! thread in the slot's namespace); past it, new ones are closed as they
+//! come, so one guest cannot exhaust the node's descriptors.
 
 mod connection;
 pub mod domain;
@@ -41,6 +46,12 @@ use crate::boundary::Boundary;
 use crate::error::Result;
 use crate::layout::{EGRESS_PROXY_PORT, GATEWAY_ADDR};
 use crate::policy::EgressPolicy;
+
+/// Connections one slot's proxy carries at once; more are closed at once.
+pub const MAX_CONNECTIONS_PER_SLOT: usize = 512;
+
+/// How often a slot at its cap is logged, at most.
+const FULL_LOG_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// A running proxy for one slot; stops when dropped.
 pub struct EgressProxy {
@@ -75,7 +86,7 @@ impl EgressProxy {
             boundary,
             policy: rx,
         });
-        let task = tokio::spawn(serve(listener, ctx)).abort_handle();
+        let task = tokio::spawn(serve(listener, ctx, MAX_CONNECTIONS_PER_SLOT)).abort_handle();
         Ok(Self { policy: tx, task })
     }
 
@@ -101,11 +112,19 @@ impl std::fmt::Debug for EgressProxy {
     }
 }
 
-async fn serve(listener: tokio::net::TcpListener, ctx: Arc<connection::Context>) {
+async fn serve(listener: tokio::net::TcpListener, ctx: Arc<connection::Context>, max: usize) {
     let mut connections = JoinSet::new();
+    let mut logged_full: Option<std::time::Instant> = None;
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
+                Ok((stream, _)) if connections.len() >= max => {
+                    drop(stream);
+                    if logged_full.is_none_or(|t| t.elapsed() > FULL_LOG_EVERY) {
+                        logged_full = Some(std::time::Instant::now());
+                        tracing::warn!(scope = %ctx.scope, max, "egress proxy at its connection cap: new connections are closed");
+                    }
+                }
                 Ok((stream, peer)) => {
                     let ctx = ctx.clone();
                     connections.spawn(async move {
@@ -121,5 +140,46 @@ async fn serve(listener: tokio::net::TcpListener, ctx: Arc<connection::Context>)
             },
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::AsyncReadExt;
+    use tokio::net::TcpStream;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_slot_past_its_connection_cap_has_new_connections_closed() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (_policy, rx) = watch::channel(Arc::new(EgressPolicy::default()));
+        let ctx = Arc::new(connection::Context {
+            scope: "test".into(),
+            netns: PathBuf::from("/proc/self/ns/net"),
+            resolver: Arc::new(Resolver::new(None)),
+            boundary: Arc::new(Boundary::default()),
+            policy: rx,
+        });
+        let server = tokio::spawn(serve(listener, ctx, 2));
+        // The attack: a guest opens connections and names no host, each
+        // held until the head timeout.
+        let held = [
+            TcpStream::connect(addr).await.unwrap(),
+            TcpStream::connect(addr).await.unwrap(),
+        ];
+        let mut third = TcpStream::connect(addr).await.unwrap();
+        let mut byte = [0u8; 1];
+        // Closed (EOF or reset) while the two before it are still carried.
+        let n = third.read(&mut byte).await.unwrap_or(0);
+        assert_eq!(n, 0, "a connection past the cap was carried");
+        for conn in &held {
+            match conn.try_read(&mut byte) {
+                Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock, "{e}"),
+                Ok(n) => panic!("a carried connection ended early ({n} bytes)"),
+            }
+        }
+        server.abort();
     }
 }
