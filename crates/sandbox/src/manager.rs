@@ -329,6 +329,13 @@ impl SandboxManager {
         })
     }
 
+    /// `(id, access token)` of every sandbox that is not dead, from memory
+    /// (no table read): what a signed URL that names no sandbox is checked
+    /// against.
+    pub fn live_access_tokens(&self) -> Vec<(String, String)> {
+        self.store.live_tokens()
+    }
+
     /// Has every publication of this manager (pauses, snapshots) run
     /// `hook` at each step; tests use it to make a publication slow or stop
     /// it. Only the first call takes effect.

@@ -19,10 +19,13 @@ pub use idempotency::{KeyedCreate, IDEMPOTENCY_TTL_HOURS};
 pub use query::{ListQuery, SortOrder, DEFAULT_LIMIT, MAX_LIMIT};
 pub use schema::SCHEMA_VERSION;
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use rusqlite::Connection;
+
+use crate::sandbox::{SandboxRecord, SandboxState};
 
 /// File name of the database in the data directory.
 pub const DB_FILE: &str = "siesta.db";
@@ -63,6 +66,11 @@ pub struct Store {
     path: PathBuf,
     conn: Mutex<Connection>,
     observer: OnceLock<Arc<dyn RowObserver>>,
+    /// The access token of every sandbox that is not dead, by id, kept in
+    /// step with each write: a signed `/files` URL that names no sandbox is
+    /// checked against these, so a keyless request reads no table (review
+    /// M1.3).
+    live_tokens: Mutex<HashMap<String, String>>,
 }
 
 impl Store {
@@ -103,11 +111,37 @@ impl Store {
         )
         .map_err(sql("setting pragmas"))?;
         schema::migrate(&mut conn, &path)?;
+        let live_tokens = rows::all_in(&conn)
+            .map_err(sql("reading sandbox rows"))?
+            .into_iter()
+            .filter_map(|rec| live_token(&rec).map(|t| (rec.id.clone(), t.to_string())))
+            .collect();
         Ok(Self {
             path,
             conn: Mutex::new(conn),
             observer: OnceLock::new(),
+            live_tokens: Mutex::new(live_tokens),
         })
+    }
+
+    /// `(id, access token)` of every sandbox that is not dead and has a
+    /// token, from memory.
+    pub fn live_tokens(&self) -> Vec<(String, String)> {
+        let tokens = self.live_tokens.lock().unwrap_or_else(|p| p.into_inner());
+        tokens
+            .iter()
+            .map(|(id, token)| (id.clone(), token.clone()))
+            .collect()
+    }
+
+    /// Keeps [`Store::live_tokens`] in step with a written (`Some`) or
+    /// deleted (`None`) row.
+    fn track_token(&self, id: &str, rec: Option<&SandboxRecord>) {
+        let mut tokens = self.live_tokens.lock().unwrap_or_else(|p| p.into_inner());
+        match rec.and_then(live_token) {
+            Some(token) => tokens.insert(id.to_string(), token.to_string()),
+            None => tokens.remove(id),
+        };
     }
 
     /// Reports every row change from now on to `observer`, starting with
@@ -153,6 +187,12 @@ impl Store {
             source,
         }
     }
+}
+
+/// The token a signed URL of `rec` is made with, while it is alive.
+fn live_token(rec: &SandboxRecord) -> Option<&str> {
+    let alive = rec.state != SandboxState::Dead && !rec.access_token.is_empty();
+    alive.then_some(rec.access_token.as_str())
 }
 
 /// Runs `f` with the state database on a blocking thread: SQLite waits

@@ -37,6 +37,7 @@ impl Store {
             .map_err(self.err("writing sandbox metadata"))?;
         }
         tx.commit().map_err(self.err("committing sandbox row"))?;
+        self.track_token(&rec.id, Some(rec));
         // Still under the lock: observers see changes in commit order.
         if let Some(observer) = self.observer.get() {
             observer.changed(&rec.id, Some(rec));
@@ -84,6 +85,7 @@ impl Store {
         let n = conn
             .execute("DELETE FROM sandboxes WHERE id = ?1", [id])
             .map_err(self.err("deleting sandbox row"))?;
+        self.track_token(id, None);
         if let (true, Some(observer)) = (n > 0, self.observer.get()) {
             observer.changed(id, None);
         }

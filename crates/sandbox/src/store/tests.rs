@@ -286,3 +286,29 @@ fn counts_cover_every_row_not_a_page() {
     assert_eq!(paused, n.div_ceil(3) as u64);
     assert_eq!(s.count(SandboxState::Dead).unwrap(), 0);
 }
+
+#[test]
+fn live_tokens_follow_every_write_and_survive_reopening() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(DB_FILE);
+    let tokens = |s: &Store| {
+        let mut all = s.live_tokens();
+        all.sort();
+        all
+    };
+    let pair = |id: &str| (id.to_string(), format!("tok-{id}"));
+    {
+        let s = Store::open(&path).unwrap();
+        s.put(&rec("r", 1, SandboxState::Running, &[])).unwrap();
+        s.put(&rec("p", 2, SandboxState::Paused, &[])).unwrap();
+        s.put(&rec("d", 3, SandboxState::Dead, &[])).unwrap();
+        s.put(&rec("gone", 4, SandboxState::Running, &[])).unwrap();
+        assert_eq!(tokens(&s), [pair("gone"), pair("p"), pair("r")]);
+        // Killed, then deleted: out of the index as out of the table.
+        s.put(&rec("r", 1, SandboxState::Dead, &[])).unwrap();
+        s.delete("gone").unwrap();
+        assert_eq!(tokens(&s), [pair("p")]);
+    }
+    let s = Store::open(&path).unwrap();
+    assert_eq!(tokens(&s), [pair("p")], "rebuilt from the rows on open");
+}

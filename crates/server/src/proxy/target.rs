@@ -130,14 +130,13 @@ impl SandboxTargets for ManagerTargets {
     }
 
     async fn signed_by(&self, signed: &super::SignedFiles) -> Option<String> {
-        // One SHA-256 per live sandbox: cheap next to the request itself.
+        // From memory, no table read (a keyless request), and one SHA-256
+        // per live sandbox: cheap next to the request itself.
         self.0
-            .list()
-            .await
+            .live_access_tokens()
             .into_iter()
-            .filter(|s| s.state != SandboxState::Dead)
-            .find(|s| signed.signed_with(&s.access_token))
-            .map(|s| s.id)
+            .find(|(_, token)| signed.signed_with(token))
+            .map(|(id, _)| id)
     }
 }
 
