@@ -423,7 +423,8 @@ async fn prepare_slot(
             id: id.clone(),
             source,
         })?;
-    guard.exports = start_exports(&id, params.volumes.as_ref(), guard.slot(), &params.mounts)?;
+    guard.exports =
+        start_exports(&id, params.volumes.as_ref(), guard.slot(), &params.mounts).await?;
     Ok(())
 }
 

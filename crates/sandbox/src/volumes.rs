@@ -108,7 +108,10 @@ impl Exports {
 }
 
 /// Serves `mounts` inside `slot`'s network namespace, one export each.
-pub fn start_exports(
+/// The volume registry's reads and the exports' threads (started inside
+/// the namespace) are set up on a blocking thread, off the resume path's
+/// async worker.
+pub async fn start_exports(
     id: &str,
     volumes: Option<&Arc<Volumes>>,
     slot: &Slot,
@@ -122,6 +125,24 @@ pub fn start_exports(
             "sandbox {id} mounts volumes, but this node serves none"
         ))
     })?;
+    let (id, volumes, netns, mounts) = (
+        id.to_string(),
+        Arc::clone(volumes),
+        slot.netns_path.clone(),
+        mounts.to_vec(),
+    );
+    crate::blocking::run("starting volume exports", move || {
+        export_all(&id, &volumes, &netns, &mounts)
+    })
+    .await
+}
+
+fn export_all(
+    id: &str,
+    volumes: &Volumes,
+    netns: &std::path::Path,
+    mounts: &[VolumeMount],
+) -> Result<Exports> {
     let mut exports = Vec::with_capacity(mounts.len());
     for (i, m) in mounts.iter().enumerate() {
         let fail = |detail: String| Error::Agent {
@@ -130,8 +151,8 @@ pub fn start_exports(
         };
         let record = volumes.get(&m.volume_id).map_err(|e| fail(e.to_string()))?;
         let fs = volumes.nfs(&record).map_err(|e| fail(e.to_string()))?;
-        let export = NfsExport::start(&slot.netns_path, export_addr(i), fs)
-            .map_err(|e| fail(e.to_string()))?;
+        let export =
+            NfsExport::start(netns, export_addr(i), fs).map_err(|e| fail(e.to_string()))?;
         exports.push(export);
     }
     Ok(Exports { servers: exports })
