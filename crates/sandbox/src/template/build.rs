@@ -7,7 +7,7 @@ use siesta_vmm::{
     DiskFormat, DiskSpec, LaunchMode, LaunchSpec, MemoryBacking, MemorySave, VmInstance,
 };
 
-use super::record::{self, file_record, TemplateRecord};
+use super::record::{self, TemplateRecord};
 use super::{is_complete, Template};
 use crate::error::{Error, IoContext, Result};
 use crate::layout::validate_name;
@@ -227,7 +227,7 @@ async fn freeze_into(
     );
     spec.cmdline = node.template_kernel_cmdline();
     let run_dir = spec.run_dir.clone();
-    let guest_assets = record::guest_assets_digest(&layout)?;
+    let guest_assets = record::guest_assets_digest_off_thread(layout.clone()).await?;
     let (booted, cold_boot_ms) = boot_until_healthy(node, spec).await?;
     let client = node.envd_client(&id, &booted.1, None);
     if let Err(e) = init_before_freeze(&client, &Default::default()).await {
@@ -236,6 +236,7 @@ async fn freeze_into(
     }
     freeze(node, &id, booted, &state).await?;
     let _ = std::fs::remove_dir_all(&run_dir);
+    let [memory_file, state_file, disk_file] = record::file_records(&memory, &state, &disk).await?;
 
     let record = TemplateRecord {
         name: opts.name.clone(),
@@ -246,9 +247,9 @@ async fn freeze_into(
         vmm: node.vmm.info().clone(),
         kernel: layout.kernel().display().to_string(),
         kernel_cmdline: node.template_kernel_cmdline(),
-        memory: file_record(&memory)?,
-        state: file_record(&state)?,
-        disk: file_record(&disk)?,
+        memory: memory_file,
+        state: state_file,
+        disk: disk_file,
         cold_boot_ms,
         defaults: Default::default(),
         parent: None,

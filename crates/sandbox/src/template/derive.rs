@@ -19,7 +19,8 @@ use super::build::{boot_spec, boot_until_healthy, freeze, init_before_freeze, Vm
 use super::layered::LayeredDisk;
 use super::publish::publish_off_thread;
 use super::record::{
-    self, file_record, guest_assets_digest, SourceImage, TemplateDefaults, TemplateRecord,
+    self, file_records, guest_assets_digest_off_thread, SourceImage, TemplateDefaults,
+    TemplateRecord,
 };
 use super::steps::{Step, StepContext, StepsBuild};
 use super::Template;
@@ -200,6 +201,7 @@ async fn assemble(
         .await
         .map_err(|e| failed(build, BuildPhase::Finalize, e))?;
     log(LogLevel::Info, &BuildPhase::Finalize, "frozen");
+    let [memory_file, state_file, disk_file] = file_records(&memory, &state, &disk).await?;
     // A template's steps run in its resumed guest (its kernel state); an
     // image boots the current assets.
     let (image, parent, source_image, guest_assets) = match base {
@@ -217,7 +219,9 @@ async fn assemble(
                 digest: image.digest.clone(),
                 config: image.config.clone(),
             }),
-            guest_assets_digest(&node.config.layout()).ok(),
+            guest_assets_digest_off_thread(node.config.layout())
+                .await
+                .ok(),
         ),
     };
     let record = TemplateRecord {
@@ -229,9 +233,9 @@ async fn assemble(
         vmm: node.vmm.info().clone(),
         kernel: node.config.layout().kernel().display().to_string(),
         kernel_cmdline: node.template_kernel_cmdline(),
-        memory: file_record(&memory)?,
-        state: file_record(&state)?,
-        disk: file_record(&disk)?,
+        memory: memory_file,
+        state: state_file,
+        disk: disk_file,
         cold_boot_ms,
         defaults: TemplateDefaults {
             env: ctx.env.clone(),

@@ -156,6 +156,36 @@ pub fn file_record(path: &Path) -> Result<FileRecord> {
     })
 }
 
+/// [`file_record`] of a template's memory, state and disk, on a blocking
+/// thread: they are gigabytes, and hashing them on an async worker would
+/// stall every request that worker serves for as long.
+pub(crate) async fn file_records(
+    memory: &Path,
+    state: &Path,
+    disk: &Path,
+) -> Result<[FileRecord; 3]> {
+    let [memory, state, disk] = [memory, state, disk].map(Path::to_path_buf);
+    crate::blocking::run("hashing a template's files", move || {
+        Ok([
+            file_record(&memory)?,
+            file_record(&state)?,
+            file_record(&disk)?,
+        ])
+    })
+    .await
+}
+
+/// [`guest_assets_digest`] on a blocking thread (it reads the kernel,
+/// initramfs and agent whole).
+pub(crate) async fn guest_assets_digest_off_thread(
+    layout: crate::layout::Layout,
+) -> Result<String> {
+    crate::blocking::run("hashing the guest assets", move || {
+        guest_assets_digest(&layout)
+    })
+    .await
+}
+
 /// SHA-256 over the guest kernel, initramfs and agent a cold boot uses
 /// now (the agent in the root images is the one in `assets/`).
 pub fn guest_assets_digest(layout: &crate::layout::Layout) -> Result<String> {
