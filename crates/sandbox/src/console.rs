@@ -22,9 +22,7 @@ impl SandboxManager {
         drop(sb);
         tokio::task::spawn_blocking(move || tail_lines(&path))
             .await
-            .map_err(|e| {
-                crate::error::Error::Invalid(format!("reading the console stopped: {e}"))
-            })?
+            .map_err(|e| crate::error::internal("reading the console", e))?
     }
 }
 

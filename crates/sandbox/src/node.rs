@@ -157,7 +157,7 @@ impl Node {
         let template = template.clone();
         tokio::task::spawn_blocking(move || checks.check(&template))
             .await
-            .map_err(|e| Error::Invalid(format!("checking a template's files: {e}")))?
+            .map_err(|e| crate::error::internal("checking a template's files", e))?
     }
 
     /// Ids of sandboxes whose VM stopped, from now on.

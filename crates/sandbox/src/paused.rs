@@ -25,7 +25,7 @@ use siesta_snapshot::repo::{new_id, Placement, PublishFile, PublishRequest};
 use siesta_snapshot::{RepoError, Repository, SnapshotKind, SnapshotRecord};
 
 use crate::blocking;
-use crate::error::{Error, IoContext, Result};
+use crate::error::{internal, Error, IoContext, Result};
 use crate::lifecycle::deadline;
 use crate::manager::{wrong_state, SandboxManager};
 use crate::memory_save::{self, SaveMemory, SaveReport};
@@ -223,7 +223,7 @@ impl SandboxManager {
                     )
                 })
                 .await
-                .map_err(|e| Error::Invalid(format!("publishing the pause: {e}")))
+                .map_err(|e| internal("publishing the pause", e))
                 .and_then(|published| published)
             }
         };
@@ -442,7 +442,7 @@ async fn verified(
     let what = if role == STATE { "saved state" } else { role };
     let checked = tokio::task::spawn_blocking(move || repo.verify_file(&record, role))
         .await
-        .map_err(|e| Error::Invalid(format!("verifying the {what} of snapshot {id}: {e}")))?;
+        .map_err(|e| internal(&format!("verifying the {what} of snapshot {id}"), e))?;
     checked.map_err(|e| match e {
         RepoError::Corrupt { path, detail, .. } => Error::CorruptSnapshot {
             path,
@@ -486,9 +486,10 @@ impl DiskDigest {
     }
 
     async fn finish(self) -> Result<String> {
-        let joined = self.task.await.map_err(|e| {
-            Error::Invalid(format!("hashing the disk {}: {e}", self.path.display()))
-        })?;
+        let joined = self
+            .task
+            .await
+            .map_err(|e| internal(&format!("hashing the disk {}", self.path.display()), e))?;
         let (sha, before) = joined?;
         if before.is_some() && before == stamp(&self.path) {
             return Ok(sha);
@@ -497,7 +498,7 @@ impl DiskDigest {
         let path = self.path.clone();
         tokio::task::spawn_blocking(move || siesta_snapshot::repo::sha256_file(&path))
             .await
-            .map_err(|e| Error::Invalid(format!("hashing the disk {}: {e}", self.path.display())))?
+            .map_err(|e| internal(&format!("hashing the disk {}", self.path.display()), e))?
             .map_err(Error::from)
     }
 }

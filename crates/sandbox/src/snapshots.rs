@@ -17,7 +17,7 @@ use siesta_snapshot::record::{DISK, MEMORY, STATE};
 use siesta_snapshot::repo::{new_id, Placement, PublishFile, PublishRequest};
 use siesta_snapshot::{RepoError, Repository, SnapshotKind, SnapshotRecord};
 
-use crate::error::{Error, IoContext, Result};
+use crate::error::{internal, Error, IoContext, Result};
 use crate::lifecycle::deadline;
 use crate::manager::{new_record, CreateRequest, SandboxManager};
 use crate::memory_save::{self, SaveMemory};
@@ -222,7 +222,7 @@ impl SandboxManager {
             Ok::<_, Error>(repo.publish(PublishRequest { files, ..request })?)
         })
         .await
-        .map_err(|e| Error::Invalid(format!("publishing the snapshot of {id}: {e}")))??;
+        .map_err(|e| internal(&format!("publishing the snapshot of {id}"), e))??;
         let aliases = names.iter().map(|n| alias_of(n)).collect();
         self.share_in_background(&record, aliases);
         Ok(info(&record, meta))

@@ -72,7 +72,7 @@ impl View {
         let outcome = done
             .wait_for(Option::is_some)
             .await
-            .map_err(|_| Error::Invalid("the lazy fetch stopped".into()))?
+            .map_err(|e| crate::error::internal("waiting for the lazy fetch", e))?
             .clone();
         match outcome {
             Some(Ok(record)) => Ok(record),

@@ -54,7 +54,7 @@ impl Base {
                     siesta_image::hash_file(&agent).map_err(Error::from)
                 })
                 .await
-                .map_err(|e| Error::Invalid(format!("hashing the agent stopped: {e}")))??;
+                .map_err(|e| crate::error::internal("hashing the agent", e))??;
                 Ok(Base::Image {
                     image: Box::new(image),
                     agent_sha256,

@@ -116,7 +116,7 @@ pub(super) async fn write_disk(
         unpack_and_prepare(&store, &image_c, &root_c, &agent, &limits)
     })
     .await
-    .map_err(|e| Error::Invalid(format!("unpacking the image stopped: {e}")))??;
+    .map_err(|e| crate::error::internal("unpacking the image", e))??;
     for note in notes {
         log(LogLevel::Warn, &BuildPhase::Base, &note);
     }
