@@ -15,9 +15,9 @@ use std::time::Instant;
 
 use siesta_snapshot::remote::{RemoteError, RemoteRepo};
 use siesta_snapshot::{RepoError, Repository, SnapshotRecord};
-use tokio::sync::Mutex;
 
 use crate::fetch_cache::FetchCache;
+use crate::key_locks::KeyLocks;
 use crate::lazy::LazyTier;
 use crate::template::Template;
 use crate::{Error, Result};
@@ -25,9 +25,13 @@ use crate::{Error, Result};
 /// The node's view of the shared object store.
 pub struct RemoteTier {
     remote: RemoteRepo,
-    /// Fetches run one at a time: two creates of one missing template
-    /// fetch it once (the second finds it local).
-    fetching: Mutex<()>,
+    /// Fetches of one name run one at a time: two creates of one missing
+    /// template fetch it once (the second finds it local), while creates
+    /// of other names fetch beside them.
+    fetching: KeyLocks,
+    /// Taken after `fetching`, by snapshot id: two names for one snapshot
+    /// (an alias and its id) never pull or lazily open it twice.
+    pulling: KeyLocks,
     /// Where fetched snapshots are marked (none: kept without bound).
     cache: Option<FetchCache>,
     /// Serves templates before they are whole (none: fetched whole).
@@ -48,7 +52,8 @@ impl RemoteTier {
     pub fn new(remote: RemoteRepo) -> Self {
         Self {
             remote,
-            fetching: Mutex::new(()),
+            fetching: KeyLocks::default(),
+            pulling: KeyLocks::default(),
             cache: None,
             lazy: None,
         }
@@ -71,7 +76,7 @@ impl RemoteTier {
         let Some(lazy) = &self.lazy else {
             return Ok(None);
         };
-        let _one_at_a_time = self.fetching.lock().await;
+        let _this_name = self.fetching.lock(name).await;
         let alias = crate::template::alias(name);
         if local_alias(repo, &alias).await?.is_some() {
             return Ok(None);
@@ -81,6 +86,7 @@ impl RemoteTier {
             Err(RemoteError::NotFound(_)) => return Ok(None),
             Err(e) => return Err(remote_err(name, e)),
         };
+        let _this_snapshot = self.pulling.lock(&id).await;
         if repo.get(&id).is_ok() {
             // Fetched by id before (a user snapshot's template): named now.
             set_local_alias(repo, &alias, &id).await?;
@@ -150,7 +156,7 @@ impl RemoteTier {
         name: &str,
         candidates: &[String],
     ) -> Result<Option<SnapshotRecord>> {
-        let _one_at_a_time = self.fetching.lock().await;
+        let _this_name = self.fetching.lock(name).await;
         for candidate in candidates {
             let is_alias = candidate.contains(':');
             if is_alias && local_alias(repo, candidate).await?.is_some() {
@@ -166,6 +172,7 @@ impl RemoteTier {
             } else {
                 candidate.clone()
             };
+            let _this_snapshot = self.pulling.lock(&id).await;
             if self.lazy.as_ref().and_then(|l| l.view(&id)).is_some() {
                 // Being served lazily: its fill imports it.
                 self.wait_imported(&id).await?;
