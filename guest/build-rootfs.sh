@@ -5,7 +5,8 @@
 #       procps, sudo, ca-certificates and iproute2, then (apt-get in the tree)
 #       python3 with pip and venv, curl, git, nodejs with npm, less, xz and
 #       ssh; user `user` (uid 1000, /home/user, /bin/bash, passwordless
-#       sudo). ext4, 2G by default (sparse).
+#       sudo), whose `pip install` and `npm install -g` go to ~/.local.
+#       ext4, 2G by default (sparse).
 #       The debootstrapped tree is cached as a tarball in $SIESTA_HOME/cache/,
 #       so a rebuild only unpacks it, re-injects the agent and runs mkfs.
 # tiny: busybox-static with applet links, /bin/sh and a /bin/bash wrapper
@@ -137,6 +138,17 @@ build_base() {
     mkdir -p "$r/etc/sudoers.d"
     echo 'user ALL=(ALL:ALL) NOPASSWD: ALL' > "$r/etc/sudoers.d/90-siesta-user"
     chmod 0440 "$r/etc/sudoers.d/90-siesta-user"
+    # `pip install` is the first thing an agent runs. Debian marks its
+    # Python externally managed (PEP 668) and pip then refuses; a sandbox
+    # is disposable, so pip may install: as `user` into ~/.local (pip's
+    # user install, site-packages being root's), as root into /usr/local.
+    printf '[global]\nbreak-system-packages = true\n' > "$r/etc/pip.conf"
+    # `npm install -g` as `user` goes to ~/.local too (root keeps
+    # /usr/local). ~/.local/bin exists from the start, so the login
+    # shell's ~/.profile puts it on PATH for every command.
+    printf 'prefix=/home/user/.local\n' > "$r/home/user/.npmrc"
+    mkdir -p "$r/home/user/.local/bin"
+    chown -R 1000:1000 "$r/home/user/.npmrc" "$r/home/user/.local"
     # Host resolver settings must not leak into the guest; the runtime or
     # agent writes the guest's own.
     rm -f "$r/etc/resolv.conf"; : > "$r/etc/resolv.conf"

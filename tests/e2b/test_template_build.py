@@ -228,11 +228,13 @@ def test_tags_assign_list_and_remove(built):
 
 
 def _layered(last: str, skip_cache_at_second: bool = False):
-    """Four steps; the stamps say whether a step ran again."""
+    """Four steps; the stamps say whether a step ran again. The first also
+    writes into /tmp, which a cached rebuild must keep as a fresh build
+    does (the step cache keeps the disk: /tmp is on it, as in E2B)."""
     t = (
         Template()
         .from_template("base")
-        .run_cmd("date +%s%N > /opt/first", user="root")
+        .run_cmd("date +%s%N > /opt/first && whoami > /tmp/run-user", user="root")
         .set_envs({"LAYER": "one"})
     )
     if skip_cache_at_second:
@@ -245,7 +247,7 @@ def _layered(last: str, skip_cache_at_second: bool = False):
 def _stamps(name: str) -> list[str]:
     sbx = Sandbox.create(name)
     try:
-        out = sbx.commands.run("cat /opt/first /opt/second /opt/last; echo $LAYER")
+        out = sbx.commands.run("cat /opt/first /opt/second /opt/last /tmp/run-user; echo $LAYER")
         return out.stdout.split()
     finally:
         sbx.kill()
@@ -257,8 +259,8 @@ def test_a_changed_step_reuses_the_steps_before_it(siesta):
     name = _name("layers")
     try:
         Template.build(_layered("a"), name)
-        first, second, last, env = _stamps(name)
-        assert (last, env) == ("a", "one")
+        first, second, last, run_user, env = _stamps(name)
+        assert (last, run_user, env) == ("a", "root", "one")
 
         logs = []
         Template.build(_layered("b"), name, on_build_logs=logs.append)
@@ -266,7 +268,7 @@ def test_a_changed_step_reuses_the_steps_before_it(siesta):
         assert any("steps 1-3 of 4: cached" in m for m in messages), messages
         assert not any("[1/4]" in m or "[3/4]" in m for m in messages), messages
         assert any("[4/4]" in m for m in messages), messages
-        assert _stamps(name) == [first, second, "b", "one"]
+        assert _stamps(name) == [first, second, "b", "root", "one"]
 
         logs = []
         Template.build(_layered("b", skip_cache_at_second=True), name, on_build_logs=logs.append)
@@ -274,7 +276,7 @@ def test_a_changed_step_reuses_the_steps_before_it(siesta):
         assert any("steps 1-2 of 4: cached" in m for m in messages), messages
         again = _stamps(name)
         assert again[0] == first and again[1] != second, (again, first, second)
-        assert again[2:] == ["b", "one"]
+        assert again[2:] == ["b", "root", "one"]
     finally:
         with _api(siesta) as api:
             api.delete(f"/templates/{name}")

@@ -65,6 +65,7 @@ where
 /// a half-configured guest is still reachable on its console.
 pub fn boot() -> BootConfig {
     mount_api_filesystems();
+    prepare_tmp();
     let cfg = cmdline::parse(&std::fs::read_to_string("/proc/cmdline").unwrap_or_default());
     if let Err(e) = nix::unistd::sethostname(&cfg.hostname) {
         tracing::warn!("cannot set hostname {}: {e}", cfg.hostname);
@@ -107,7 +108,6 @@ fn mount_api_filesystems() {
         ),
         ("shm", "/dev/shm", "tmpfs", nosuid_nodev, Some("mode=1777")),
         ("run", "/run", "tmpfs", nosuid_nodev, Some("mode=0755")),
-        ("tmp", "/tmp", "tmpfs", nosuid_nodev, Some("mode=1777")),
     ];
     for (source, target, fstype, flags, data) in table {
         // Read the mount table afresh: /proc itself is the first mount.
@@ -128,6 +128,22 @@ fn mount_api_filesystems() {
     // Programs open /dev/ptmx; with a private devpts it must point there.
     if !Path::new("/dev/ptmx").exists() {
         let _ = std::os::unix::fs::symlink("pts/ptmx", "/dev/ptmx");
+    }
+}
+
+/// `/tmp` is a directory of the root disk, as in E2B's guests, not a tmpfs:
+/// what a template's build step leaves there is part of the disk the step
+/// cache keeps, so a cached rebuild gives the same template as a fresh one,
+/// and it outlives a disk-only pause. An image may lack it or have it
+/// without the sticky, world-writable mode every user needs.
+fn prepare_tmp() {
+    use std::os::unix::fs::PermissionsExt;
+    if let Err(e) = std::fs::create_dir_all("/tmp") {
+        tracing::warn!("cannot create /tmp: {e}");
+        return;
+    }
+    if let Err(e) = std::fs::set_permissions("/tmp", std::fs::Permissions::from_mode(0o1777)) {
+        tracing::warn!("cannot make /tmp sticky and world-writable: {e}");
     }
 }
 
