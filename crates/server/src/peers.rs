@@ -71,7 +71,8 @@ impl PeerCounts {
     }
 
     /// Connections open from `peer` now.
-    pub fn open(&self, peer: IpAddr) -> usize {
+    #[cfg(test)]
+    fn open(&self, peer: IpAddr) -> usize {
         let st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         st.open.get(&peer).copied().unwrap_or(0)
     }
