@@ -21,12 +21,14 @@ mod info;
 pub mod memory_return;
 pub mod qemu;
 mod spec;
+pub mod vmm_users;
 
 pub use accel::{Accel, AccelChoice};
 pub use cgroup::{CgroupLimits, Cgroups, VmCgroup};
 pub use error::VmmError;
 pub use info::VmmInfo;
 pub use spec::{DiskFormat, DiskSpec, LaunchMode, LaunchSpec, MemoryBacking, NetSpec};
+pub use vmm_users::{VmmUser, VmmUsers};
 
 /// A VMM backend: knows how to start VMM processes of one kind.
 #[async_trait]

@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use siesta_vmm::qemu::QemuVmm;
+use siesta_vmm::vmm_users::{VmmUsers, DEFAULT_UID_BASE};
 use siesta_vmm::{
     AccelChoice, Cgroups, LaunchMode, LaunchSpec, MemoryBacking, MemorySave, StateWrite,
     VmInstance, Vmm, VmmError,
@@ -204,6 +205,8 @@ struct Env {
     mem: PathBuf,
     /// Whether VMMs run in cgroups of their own (root, with a hierarchy).
     cgroups: bool,
+    /// Whether VMMs drop to users of their own (root).
+    runas: bool,
 }
 
 impl Env {
@@ -337,6 +340,7 @@ async fn snapshot_restore_chain_on_a_real_guest() {
         dir: tmp.path().to_path_buf(),
         mem: tmp.path().join("mem.img"),
         cgroups: false,
+        runas: false,
     };
     let mut vmm = QemuVmm::new(qemu, AccelChoice::Auto).expect("QEMU backend");
     println!("VMM: {:?}", vmm.info());
@@ -347,8 +351,14 @@ async fn snapshot_restore_chain_on_a_real_guest() {
     if let Some(c) = &cgroups {
         vmm = vmm.with_cgroups(c.clone());
     }
+    // As root, each VMM drops to a user of its own, as in production.
+    let as_root = nix::unistd::geteuid().is_root();
+    if as_root {
+        vmm = vmm.with_vmm_users(VmmUsers::default_range());
+    }
     let env = Env {
         cgroups: cgroups.is_some(),
+        runas: as_root,
         ..env
     };
 
@@ -371,10 +381,33 @@ async fn snapshot_restore_chain_on_a_real_guest() {
 }
 
 /// QEMU `pid` runs under its seccomp filter, with nothing of the server's
-/// environment, and (when the host has cgroups) in a group of its own whose
-/// memory is limited; returns that group's name.
-fn assert_confined(pid: u32, cgroups_expected: bool) -> Option<String> {
+/// environment, (as root) as a user of its own without capabilities, and
+/// (when the host has cgroups) in a group of its own whose memory is
+/// limited; returns that group's name.
+fn assert_confined(pid: u32, cgroups_expected: bool, runas: bool) -> Option<String> {
     let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    if runas {
+        let ids = |key: &str| -> Vec<u32> {
+            let line = status.lines().find(|l| l.starts_with(key)).unwrap();
+            line.split_whitespace()
+                .skip(1)
+                .map(|n| n.parse().unwrap())
+                .collect()
+        };
+        for key in ["Uid:", "Gid:", "Groups:"] {
+            let v = ids(key);
+            assert!(
+                !v.is_empty() && v.iter().all(|&id| id >= DEFAULT_UID_BASE),
+                "QEMU's {key} {v:?} are not a VMM user's:\n{status}"
+            );
+        }
+        assert!(
+            status
+                .lines()
+                .any(|l| l.split_whitespace().eq(["CapEff:", "0000000000000000"])),
+            "QEMU kept capabilities:\n{status}"
+        );
+    }
     assert!(
         status
             .lines()
@@ -419,7 +452,7 @@ async fn scenario(vmm: &QemuVmm, env: &Env, vms: &mut Vms) {
     let t0 = Instant::now();
     let t = vms.add(vmm.spawn(&spec).await.expect("spawn template"));
     let spawned = t0.elapsed();
-    let group = assert_confined(vms[t].pid(), env.cgroups);
+    let group = assert_confined(vms[t].pid(), env.cgroups, env.runas);
     vms[t].boot().await.expect("boot");
     wait_tick(&log, 3, Duration::from_secs(180)).await;
     println!(
@@ -489,8 +522,8 @@ async fn scenario(vmm: &QemuVmm, env: &Env, vms: &mut Vms) {
         .await
         .unwrap_err();
     assert!(matches!(e, VmmError::InvalidOperation { .. }), "{e}");
-    // QEMU cannot write the device state (a directory is in the way of its
-    // scratch file) while the pages are being written: the save fails
+    // The device state's scratch file cannot be made (a directory is in
+    // its way) while the pages are being written: the save fails
     // naming the step, leaves no state file, and the VM saves afterwards.
     let failing = env.dir.join("r1.failing");
     std::fs::create_dir(env.dir.join("r1.failing.devices")).unwrap();
@@ -498,7 +531,7 @@ async fn scenario(vmm: &QemuVmm, env: &Env, vms: &mut Vms) {
         .save_changed_pages(&failing, &tmpl_state, StateWrite::Behind)
         .await
         .unwrap_err();
-    assert!(e.to_string().contains("xen-save-devices-state"), "{e}");
+    assert!(e.to_string().contains("device state"), "{e}");
     assert!(
         !failing.exists(),
         "a failed save left {}",

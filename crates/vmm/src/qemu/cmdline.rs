@@ -16,6 +16,12 @@ use crate::{Accel, LaunchMode, LaunchSpec};
 pub const MEMORY_BACKEND_ID: &str = "mem";
 /// QEMU's seccomp filter, everything it can deny denied.
 pub const SANDBOX: &str = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny";
+/// The filter for a QEMU that drops to a user of its own with `-runas`:
+/// the drop is itself a `setuid`, which `elevateprivileges=deny` kills
+/// QEMU for. After the drop the process holds no capability, so `set*id`
+/// can no longer raise anything.
+pub const SANDBOX_RUNAS: &str =
+    "on,obsolete=deny,elevateprivileges=allow,spawn=deny,resourcecontrol=deny";
 /// Fixed PCI slots on q35's root bus.
 const DISK_ADDR: &str = "0x3";
 const NET_ADDR: &str = "0x4";
@@ -25,8 +31,15 @@ const RNG_ADDR: &str = "0x5";
 ///
 /// `machine` should be a versioned machine type (e.g. `pc-q35-7.2`), see
 /// [`crate::VmmInfo::machine`]. q35 rather than microvm: a microvm guest
-/// restored under QEMU 7.2 did not run on (platform facts).
-pub fn build_argv(spec: &LaunchSpec, accel: Accel, machine: &str) -> Vec<OsString> {
+/// restored under QEMU 7.2 did not run on (platform facts). With `runas`
+/// (`uid:gid`), QEMU drops to that user once it has opened what the command
+/// line names (see [`crate::vmm_users`]).
+pub fn build_argv(
+    spec: &LaunchSpec,
+    accel: Accel,
+    machine: &str,
+    runas: Option<&str>,
+) -> Vec<OsString> {
     let mut a = Argv::default();
     a.pair("-name", opt("guest=", OsStr::new(&spec.id)));
     a.pair("-accel", accel.as_str());
@@ -52,7 +65,13 @@ pub fn build_argv(spec: &LaunchSpec, accel: Accel, machine: &str) -> Vec<OsStrin
     // scheduling or use obsolete system calls, so a guest that breaks
     // into it is still held by the filter (under TCG, where QEMU is the
     // only boundary, most of all).
-    a.pair("-sandbox", SANDBOX);
+    match runas {
+        Some(user) => {
+            a.pair("-sandbox", SANDBOX_RUNAS);
+            a.pair("-runas", user);
+        }
+        None => a.pair("-sandbox", SANDBOX),
+    }
 
     let mut mem = opt(
         &format!(
@@ -198,7 +217,7 @@ mod tests {
 
     #[test]
     fn boot_argv_has_every_required_piece() {
-        let argv = strs(&build_argv(&spec(), Accel::Tcg, "pc-q35-7.2"));
+        let argv = strs(&build_argv(&spec(), Accel::Tcg, "pc-q35-7.2", None));
         assert_eq!(value_of(&argv, "-accel"), ["tcg"]);
         assert_eq!(value_of(&argv, "-machine"), ["pc-q35-7.2"]);
         assert_eq!(value_of(&argv, "-sandbox"), [SANDBOX]);
@@ -227,15 +246,32 @@ mod tests {
             assert!(argv.iter().any(|a| a == f), "{f} missing");
         }
         assert!(value_of(&argv, "-incoming").is_empty());
+        assert!(value_of(&argv, "-runas").is_empty());
         assert!(value_of(&argv, "-blockdev").is_empty() && value_of(&argv, "-netdev").is_empty());
     }
 
     #[test]
+    fn a_vmm_user_relaxes_only_the_privilege_rule_of_the_filter() {
+        let argv = strs(&build_argv(
+            &spec(),
+            Accel::Tcg,
+            "pc-q35-7.2",
+            Some("1900000003:1900000003"),
+        ));
+        assert_eq!(value_of(&argv, "-runas"), ["1900000003:1900000003"]);
+        assert_eq!(value_of(&argv, "-sandbox"), [SANDBOX_RUNAS]);
+        assert_eq!(
+            SANDBOX.replace("elevateprivileges=deny", "elevateprivileges=allow"),
+            SANDBOX_RUNAS
+        );
+    }
+
+    #[test]
     fn incoming_differs_from_boot_only_by_incoming_defer() {
-        let boot = build_argv(&spec(), Accel::Tcg, "pc-q35-7.2");
+        let boot = build_argv(&spec(), Accel::Tcg, "pc-q35-7.2", None);
         let mut s = spec();
         s.mode = LaunchMode::Incoming;
-        let inc = build_argv(&s, Accel::Tcg, "pc-q35-7.2");
+        let inc = build_argv(&s, Accel::Tcg, "pc-q35-7.2", None);
         assert_eq!(inc.len(), boot.len() + 2);
         assert_eq!(&inc[..boot.len()], &boot[..]);
         assert_eq!(strs(&inc[boot.len()..]), ["-incoming", "defer"]);
@@ -257,12 +293,12 @@ mod tests {
             tap: "tap0".into(),
             mac: "02:00:00:00:00:01".into(),
         });
-        let argv = strs(&build_argv(&s, Accel::Kvm, "pc-q35-7.2"));
+        let argv = strs(&build_argv(&s, Accel::Kvm, "pc-q35-7.2", None));
         assert_eq!(value_of(&argv, "-cpu"), ["host"]);
         assert_eq!(value_of(&argv, "-accel"), ["kvm"]);
         assert!(value_of(&argv, "-object")[0].ends_with(",share=off"));
         s.memory.prealloc = true;
-        let argv = strs(&build_argv(&s, Accel::Kvm, "pc-q35-7.2"));
+        let argv = strs(&build_argv(&s, Accel::Kvm, "pc-q35-7.2", None));
         assert!(value_of(&argv, "-object")[0].ends_with(",share=off,prealloc=on"));
         assert_eq!(value_of(&argv, "-chardev"), ["null,id=ser0"]);
         let blockdevs: Vec<serde_json::Value> = value_of(&argv, "-blockdev")
@@ -279,7 +315,7 @@ mod tests {
         if let Some(d) = s.disk.as_mut() {
             d.backing = Some("/t/b,c.raw".into());
         }
-        let argv = strs(&build_argv(&s, Accel::Kvm, "pc-q35-7.2"));
+        let argv = strs(&build_argv(&s, Accel::Kvm, "pc-q35-7.2", None));
         let image: serde_json::Value =
             serde_json::from_str(value_of(&argv, "-blockdev")[0]).unwrap();
         assert_eq!(image["backing"]["file"]["filename"], "/t/b,c.raw");
@@ -302,7 +338,7 @@ mod tests {
         let mut s = spec();
         s.memory.path = "/x,y/mem,img".into();
         s.run_dir = "/r,un".into();
-        let argv = strs(&build_argv(&s, Accel::Tcg, "q"));
+        let argv = strs(&build_argv(&s, Accel::Tcg, "q", None));
         assert!(value_of(&argv, "-object")[0].contains("mem-path=/x,,y/mem,,img,share=on"));
         assert_eq!(
             value_of(&argv, "-qmp"),
@@ -310,7 +346,7 @@ mod tests {
         );
         // -kernel and -append take the whole argument: no escaping there.
         s.kernel = "/k,1".into();
-        let argv = strs(&build_argv(&s, Accel::Tcg, "q"));
+        let argv = strs(&build_argv(&s, Accel::Tcg, "q", None));
         assert_eq!(value_of(&argv, "-kernel"), ["/k,1"]);
     }
 }

@@ -21,13 +21,22 @@
 //! Image nodes are named `disk0-img`, then `disk0-img-1`, `-2`, ... as they
 //! are replaced or checkpointed (`blockdev-snapshot-sync` puts the new
 //! overlay between the filter and the old image).
+//!
+//! The images a VMM is started with are opened by path (QEMU is still
+//! root then). Every image added later reaches it as descriptors
+//! ([`super::fdset`]): the VMM may have dropped to a user of its own that
+//! can open nothing of the server's. So a replaced disk's whole chain is
+//! spelled out, one descriptor per file ([`super::backing_chain`]), and a
+//! checkpoint's overlay is created here with `qemu-img` and handed over.
 
 use std::path::Path;
 
 use serde_json::{json, Value};
 
+use super::backing_chain::{self, Link};
+use super::fdset::{Access, FdSet};
 use super::QemuInstance;
-use crate::{DiskSpec, LaunchMode, VmmError};
+use crate::{DiskFormat, DiskSpec, LaunchMode, VmmError};
 
 /// The node the guest's disk device is attached to.
 pub const DISK_ID: &str = "disk0";
@@ -69,6 +78,49 @@ pub(super) fn image_node(disk: &DiskSpec, node: &str) -> Result<Value, String> {
     Ok(v)
 }
 
+/// The image's format node for a disk handed over as fd sets: `top` for the
+/// image and `chain[i]` for the `i`th file below it (nearest first), each
+/// named so QEMU follows no backing name from a header.
+pub(super) fn passed_image_node(
+    disk: &DiskSpec,
+    node: &str,
+    top: FdSet,
+    chain: &[(DiskFormat, FdSet)],
+) -> Value {
+    let file = |set: FdSet| json!({ "driver": "file", "filename": set.path() });
+    let mut backing: Option<Value> = None;
+    for &(format, set) in chain.iter().rev() {
+        let mut v = json!({ "driver": format.as_str(), "read-only": true, "file": file(set) });
+        if let Some(b) = backing.take() {
+            v["backing"] = b;
+        }
+        backing = Some(v);
+    }
+    let mut v = json!({
+        "driver": disk.format.as_str(),
+        "node-name": node,
+        "discard": "unmap",
+        "read-only": disk.read_only,
+        "file": file(top),
+    });
+    if let Some(b) = backing {
+        v["backing"] = b;
+    }
+    v
+}
+
+/// The files below `disk`: the explicit raw backing if it names one, else
+/// what the image headers name.
+fn chain_of(disk: &DiskSpec) -> Result<Vec<Link>, String> {
+    match &disk.backing {
+        Some(b) => Ok(vec![Link {
+            path: b.clone(),
+            format: DiskFormat::Raw,
+        }]),
+        None => backing_chain::below(&disk.path, disk.format),
+    }
+}
+
 /// The filter node the device is attached to, over image node `image`.
 pub(super) fn filter_node(image: &str, read_only: bool) -> Value {
     json!({
@@ -101,13 +153,27 @@ impl QemuInstance {
             ));
         }
         let new_node = image_node_name(self.image_nodes);
-        let args = image_node(&disk, &new_node).map_err(|d| self.invalid("replace_disk", d))?;
+        let chain = chain_of(&disk).map_err(|d| self.invalid("replace_disk", d))?;
+        let (top, below) = match self.pass_disk(&disk, &chain).await {
+            Ok(sets) => sets,
+            Err((e, passed)) => {
+                self.drop_fdsets(&passed).await;
+                return Err(e);
+            }
+        };
+        let mut passed: Vec<FdSet> = below.iter().map(|&(_, s)| s).collect();
+        passed.push(top);
+        let args = passed_image_node(&disk, &new_node, top, &below);
         let old_node = image_node_name(self.image_nodes - 1);
-        qmp!(self, "blockdev-add", self.qmp.blockdev_add(args));
+        if let Err(e) = self.qmp.blockdev_add(args).await {
+            self.drop_fdsets(&passed).await;
+            return Err(self.qmp_error("blockdev-add", e).await);
+        }
         let reopen = json!({ "options": [filter_node(&new_node, disk.read_only)] });
         if let Err(e) = self.qmp.blockdev_reopen(reopen).await {
             // Leave the VM as it was: the new node goes, the old one serves.
             let _ = self.qmp.blockdev_del(&new_node).await;
+            self.drop_fdsets(&passed).await;
             return Err(self.qmp_error("blockdev-reopen", e).await);
         }
         self.image_nodes += 1;
@@ -115,6 +181,116 @@ impl QemuInstance {
         self.spec.disk = Some(disk);
         Ok(())
     }
+
+    /// Hands QEMU `disk` (writable unless read-only) and every file of
+    /// `chain` (read-only). On failure, also the sets passed so far.
+    async fn pass_disk(
+        &mut self,
+        disk: &DiskSpec,
+        chain: &[Link],
+    ) -> Result<(FdSet, Vec<(DiskFormat, FdSet)>), (VmmError, Vec<FdSet>)> {
+        let access = if disk.read_only {
+            Access::Read
+        } else {
+            Access::ReadWrite
+        };
+        let top = self
+            .pass_file("open the new disk", &disk.path, access)
+            .await
+            .map_err(|e| (e, vec![]))?;
+        let mut below = Vec::with_capacity(chain.len());
+        for link in chain {
+            match self
+                .pass_file("open the new disk's backing file", &link.path, Access::Read)
+                .await
+            {
+                Ok(set) => below.push((link.format, set)),
+                Err(e) => {
+                    let mut passed: Vec<FdSet> = below.iter().map(|&(_, s)| s).collect();
+                    passed.push(top);
+                    return Err((e, passed));
+                }
+            }
+        }
+        Ok((top, below))
+    }
+
+    /// See [`crate::VmInstance::checkpoint_disk`]: the overlay is created
+    /// here over the current image (so its header names that image's real
+    /// path) and QEMU is given it as a descriptor.
+    pub(super) async fn checkpoint_disk_inner(&mut self, overlay: &Path) -> Result<(), VmmError> {
+        let Some(current) = self.spec.disk.clone() else {
+            return Err(self.invalid("checkpoint_disk", "the VM has no disk".into()));
+        };
+        if overlay.exists() {
+            return Err(self.invalid(
+                "checkpoint_disk",
+                format!("the overlay {} exists already", overlay.display()),
+            ));
+        }
+        create_overlay(&current, overlay)
+            .await
+            .map_err(|d| self.invalid("checkpoint_disk", d))?;
+        let set = match self
+            .pass_file("open the new overlay", overlay, Access::ReadWrite)
+            .await
+        {
+            Ok(set) => set,
+            Err(e) => {
+                let _ = std::fs::remove_file(overlay);
+                return Err(e);
+            }
+        };
+        let (node, next) = (
+            image_node_name(self.image_nodes - 1),
+            image_node_name(self.image_nodes),
+        );
+        let res = self
+            .qmp
+            .blockdev_snapshot_sync(&node, &set.path(), &next)
+            .await;
+        if let Err(e) = res {
+            self.drop_fdsets(&[set]).await;
+            let _ = std::fs::remove_file(overlay);
+            return Err(self.qmp_error("blockdev-snapshot-sync", e).await);
+        }
+        self.image_nodes += 1;
+        self.spec.disk = Some(DiskSpec {
+            path: overlay.to_path_buf(),
+            format: DiskFormat::Qcow2,
+            read_only: false,
+            backing: None,
+        });
+        Ok(())
+    }
+}
+
+/// `qemu-img create` of a qcow2 overlay over `current` (its own size).
+async fn create_overlay(current: &DiskSpec, overlay: &Path) -> Result<(), String> {
+    let out = tokio::process::Command::new("qemu-img")
+        .args([
+            "create",
+            "-q",
+            "-f",
+            "qcow2",
+            "-F",
+            current.format.as_str(),
+            "-b",
+        ])
+        .arg(&current.path)
+        .arg(overlay)
+        .output()
+        .await
+        .map_err(|e| format!("cannot run qemu-img (install qemu-utils): {e}"))?;
+    if !out.status.success() {
+        let _ = std::fs::remove_file(overlay);
+        return Err(format!(
+            "qemu-img create {}: {}",
+            overlay.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

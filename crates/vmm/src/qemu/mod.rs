@@ -22,6 +22,7 @@ use std::os::fd::AsFd;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -29,7 +30,7 @@ use serde_json::json;
 
 use crate::{
     Accel, AccelChoice, CgroupLimits, Cgroups, DiskSpec, LaunchMode, LaunchSpec, MemorySave,
-    RestoreInfo, SaveInfo, StateWrite, VmInstance, Vmm, VmmError, VmmInfo,
+    RestoreInfo, SaveInfo, StateWrite, VmInstance, Vmm, VmmError, VmmInfo, VmmUsers,
 };
 use process::QemuProcess;
 use qmp::{QmpClient, QmpError};
@@ -65,6 +66,9 @@ pub struct QemuVmm {
     /// Where each VMM gets a cgroup of its own with limits; `None`: the
     /// host offers no cgroup hierarchy this process may use.
     cgroups: Option<Cgroups>,
+    /// Where each VMM's unprivileged user comes from; `None`: VMMs stay the
+    /// server's user (a server not running as root cannot change users).
+    users: Option<Arc<VmmUsers>>,
 }
 
 impl QemuVmm {
@@ -100,6 +104,7 @@ impl QemuVmm {
             },
             kernel_stubs: None,
             cgroups: None,
+            users: None,
         })
     }
 
@@ -109,6 +114,13 @@ impl QemuVmm {
     /// [`CgroupLimits::for_vm`] of its size.
     pub fn with_cgroups(mut self, cgroups: Cgroups) -> Self {
         self.cgroups = Some(cgroups);
+        self
+    }
+
+    /// Runs every VMM as a user of its own from `users` (see
+    /// [`crate::vmm_users`]).
+    pub fn with_vmm_users(mut self, users: Arc<VmmUsers>) -> Self {
+        self.users = Some(users);
         self
     }
 
@@ -221,10 +233,21 @@ impl Vmm for QemuVmm {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(io("remove stale QMP socket", &sock, e)),
         }
+        let user = match &self.users {
+            Some(users) => Some(users.take().ok_or_else(|| VmmError::InvalidSpec {
+                id: spec.id.clone(),
+                detail: format!(
+                    "all {} VMM users are taken: no VMM can start until one exits",
+                    users.in_use()
+                ),
+            })?),
+            None => None,
+        };
         let argv = cmdline::build_argv(
             &self.launched_spec(spec),
             self.info.accel,
             &self.info.machine,
+            user.as_ref().map(|u| u.runas_arg()).as_deref(),
         );
         tracing::debug!(vm = %spec.id, ?argv, "spawning QEMU");
         let netns = spec.net.as_ref().and_then(|n| n.netns.as_deref());
@@ -241,6 +264,7 @@ impl Vmm for QemuVmm {
             netns,
             &spec.vmm_log_path(),
             cgroup,
+            user,
         )?;
         let stream = process.connect(&sock, QMP_READY_TIMEOUT).await?;
         let qmp = match QmpClient::handshake(stream, QMP_COMMAND_TIMEOUT).await {
@@ -315,7 +339,9 @@ macro_rules! qmp {
     };
 }
 
+mod backing_chain;
 mod disk;
+mod fdset;
 mod save_changed;
 mod write_behind;
 
@@ -677,29 +703,7 @@ impl VmInstance for QemuInstance {
 
     async fn checkpoint_disk(&mut self, overlay: &Path) -> Result<(), VmmError> {
         self.check_usable("checkpoint_disk")?;
-        if self.spec.disk.is_none() {
-            return Err(self.invalid("checkpoint_disk", "the VM has no disk".into()));
-        }
-        if overlay.exists() {
-            return Err(self.invalid(
-                "checkpoint_disk",
-                format!("the overlay {} exists already", overlay.display()),
-            ));
-        }
-        let file = disk::utf8_path(overlay, "overlay")
-            .map_err(|d| self.invalid("checkpoint_disk", d))?
-            .to_string();
-        let (current, next) = (
-            disk::image_node_name(self.image_nodes - 1),
-            disk::image_node_name(self.image_nodes),
-        );
-        qmp!(
-            self,
-            "blockdev-snapshot-sync",
-            self.qmp.blockdev_snapshot_sync(&current, &file, &next)
-        );
-        self.image_nodes += 1;
-        Ok(())
+        self.checkpoint_disk_inner(overlay).await
     }
 
     async fn replace_disk(&mut self, disk: DiskSpec) -> Result<(), VmmError> {

@@ -16,7 +16,7 @@ use nix::unistd::Pid;
 use tokio::net::UnixStream;
 
 use crate::cgroup::VmCgroup;
-use crate::VmmError;
+use crate::{VmmError, VmmUser};
 
 /// How much of QEMU's log an error quotes.
 const LOG_TAIL_BYTES: u64 = 4096;
@@ -32,6 +32,8 @@ pub struct QemuProcess {
     exit: Option<ExitStatus>,
     /// The process's own cgroup, removed once it has exited.
     cgroup: Option<VmCgroup>,
+    /// The unprivileged user it runs as, given back once it is reaped.
+    user: Option<VmmUser>,
 }
 
 impl QemuProcess {
@@ -42,7 +44,8 @@ impl QemuProcess {
     /// untouched. The child gets its own process group so a terminal's
     /// Ctrl-C aimed at the server does not kill VMs behind its back, only
     /// [`VMM_ENV`] as its environment, and with `cgroup` joins that group
-    /// before exec.
+    /// before exec. `user` is the `-runas` user `argv` names; it is held
+    /// until the process is reaped so no other VMM gets it meanwhile.
     pub fn spawn(
         id: &str,
         binary: &Path,
@@ -50,6 +53,7 @@ impl QemuProcess {
         netns: Option<&Path>,
         log: &Path,
         cgroup: Option<VmCgroup>,
+        user: Option<VmmUser>,
     ) -> Result<Self, VmmError> {
         let io_err = |op, path: &Path, source| VmmError::Io {
             id: id.to_string(),
@@ -109,6 +113,7 @@ impl QemuProcess {
             log: log.to_path_buf(),
             exit: None,
             cgroup,
+            user,
         })
     }
 
@@ -121,8 +126,9 @@ impl QemuProcess {
         if self.exit.is_none() {
             if let Ok(Some(st)) = self.child.try_wait() {
                 self.exit = Some(st);
-                // Empty now: its directories can go.
+                // Empty now: its directories can go, its user to another.
                 self.cgroup = None;
+                self.user = None;
             }
         }
         self.exit
@@ -277,7 +283,7 @@ mod tests {
             "echo 'qemu: bad option -foo' >&2; exit 3".into(),
         ];
         let mut p =
-            QemuProcess::spawn("vm9", Path::new("/bin/sh"), &argv, None, &log, None).unwrap();
+            QemuProcess::spawn("vm9", Path::new("/bin/sh"), &argv, None, &log, None, None).unwrap();
         let e = p
             .connect(&d.path().join("nope.sock"), Duration::from_secs(5))
             .await
@@ -296,7 +302,7 @@ mod tests {
         let log = d.path().join("vmm.log");
         let argv: Vec<OsString> = vec!["-c".into(), "exec sleep 30".into()];
         let mut p =
-            QemuProcess::spawn("vm8", Path::new("/bin/sh"), &argv, None, &log, None).unwrap();
+            QemuProcess::spawn("vm8", Path::new("/bin/sh"), &argv, None, &log, None, None).unwrap();
         let e = p
             .connect(&d.path().join("nope.sock"), Duration::from_millis(100))
             .await
@@ -310,9 +316,15 @@ mod tests {
     fn spawn_failure_names_the_binary_and_netns() {
         let d = tempfile::tempdir().unwrap();
         let log = d.path().join("vmm.log");
-        let Err(e) =
-            QemuProcess::spawn("vm7", Path::new("/nonexistent/qemu"), &[], None, &log, None)
-        else {
+        let Err(e) = QemuProcess::spawn(
+            "vm7",
+            Path::new("/nonexistent/qemu"),
+            &[],
+            None,
+            &log,
+            None,
+            None,
+        ) else {
             panic!("spawned a missing binary")
         };
         assert!(e.to_string().contains("/nonexistent/qemu"), "{e}");
@@ -322,6 +334,7 @@ mod tests {
             &[],
             Some(&d.path().join("ns")),
             &log,
+            None,
             None,
         ) else {
             panic!("missing netns accepted")

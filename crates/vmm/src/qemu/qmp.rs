@@ -387,6 +387,27 @@ impl QmpClient {
             .map(drop)
     }
 
+    /// `add-fd`: hands `fd` to QEMU in a new fd set and returns the set's
+    /// id. QEMU opens the file as `/dev/fdset/ID`, taking a descriptor of
+    /// the set whose access mode (read-only, write-only, read-write) is the
+    /// one it asks for.
+    pub async fn add_fd(&mut self, fd: BorrowedFd<'_>) -> Result<u64, QmpError> {
+        #[derive(Deserialize)]
+        struct Added {
+            #[serde(rename = "fdset-id")]
+            fdset_id: u64,
+        }
+        let added: Added = self.execute_with_fd("add-fd", None, fd).await?;
+        Ok(added.fdset_id)
+    }
+
+    /// `remove-fd` of a whole set: QEMU closes its descriptors once nothing
+    /// opened from the set is still in use.
+    pub async fn remove_fdset(&mut self, fdset_id: u64) -> Result<(), QmpError> {
+        self.run("remove-fd", Some(json!({ "fdset-id": fdset_id })))
+            .await
+    }
+
     pub async fn migrate(&mut self, uri: &str) -> Result<(), QmpError> {
         self.run("migrate", Some(json!({ "uri": uri }))).await
     }
@@ -400,9 +421,10 @@ impl QmpClient {
         self.execute("query-migrate", None).await
     }
 
-    /// `blockdev-snapshot-sync`: a new qcow2 overlay at `file`, named
-    /// `snapshot_node`, put above image node `node` (which becomes its
-    /// backing and is written no more).
+    /// `blockdev-snapshot-sync`: the existing qcow2 overlay `file` (which
+    /// may be a `/dev/fdset/ID`), named `snapshot_node`, put above image
+    /// node `node` (which becomes its backing and is written no more). The
+    /// overlay's header keeps the backing name it was created with.
     pub async fn blockdev_snapshot_sync(
         &mut self,
         node: &str,
@@ -414,7 +436,7 @@ impl QmpClient {
             "snapshot-file": file,
             "snapshot-node-name": snapshot_node,
             "format": "qcow2",
-            "mode": "absolute-paths",
+            "mode": "existing",
         });
         self.run("blockdev-snapshot-sync", Some(args)).await
     }

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use super::changed_pages::{RamMapping, Run};
 use super::cmdline::MEMORY_BACKEND_ID;
+use super::fdset::Access;
 use super::hashing_writer::HashingWriter;
 use super::ram_frame::{RamFrame, PAGE_SIZE};
 use super::write_behind::WriteBehind;
@@ -93,15 +94,18 @@ impl QemuInstance {
     }
 
     /// The device sections, from `xen-save-devices-state` into a scratch
-    /// file beside `state` (removed again).
+    /// file beside `state` (removed again), handed to QEMU as a descriptor.
     async fn save_devices(&mut self, state: &Path) -> Result<Vec<u8>, VmmError> {
         let path = devices_path(state);
-        let name = path.to_string_lossy().into_owned();
-        qmp!(
-            self,
-            "xen-save-devices-state",
-            self.qmp.xen_save_devices_state(&name)
-        );
+        let set = self
+            .pass_file("create the device state file", &path, Access::CreateWrite)
+            .await?;
+        let saved = self.qmp.xen_save_devices_state(&set.path()).await;
+        self.drop_fdsets(&[set]).await;
+        if let Err(e) = saved {
+            let _ = std::fs::remove_file(&path);
+            return Err(self.qmp_error("xen-save-devices-state", e).await);
+        }
         let bytes = std::fs::read(&path);
         let _ = std::fs::remove_file(&path);
         bytes.map_err(|e| self.io("read device state", &path, e))
