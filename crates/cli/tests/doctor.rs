@@ -142,6 +142,7 @@ fn doctor_json_lists_every_check() {
         "accelerator",
         "isolation",
         "vmm-cgroups",
+        "vmm-users",
         "guest assets",
         "template",
         "disk",

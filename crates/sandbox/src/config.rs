@@ -92,6 +92,13 @@ pub struct NodeConfig {
     /// kernel's same-page merging with zero pages (`SIESTA_MEMORY_RETURN=0|1`,
     /// default on; `siesta_vmm::memory_return`). Host-wide, left on at exit.
     pub memory_return: bool,
+    /// Run every VMM as an unprivileged user of its own
+    /// (`SIESTA_VMM_USERS=0|1`, default on; only a server running as root
+    /// can). See `siesta_vmm::vmm_users`.
+    pub vmm_users: bool,
+    /// The first uid VMM users are drawn from (`SIESTA_VMM_UID_BASE`,
+    /// default 1900000000); 65536 uids from there on must belong to no one.
+    pub vmm_uid_base: u32,
     /// KSM's `pages_to_scan` to set with it (`SIESTA_KSM_PAGES_TO_SCAN`;
     /// unset keeps the host's, 100 pages every 20 ms on a stock kernel).
     pub ksm_pages_to_scan: Option<u32>,
@@ -178,6 +185,8 @@ impl NodeConfig {
             refill_when_quiet: true,
             incoming_kernel_stub: true,
             memory_return: true,
+            vmm_users: true,
+            vmm_uid_base: siesta_vmm::vmm_users::DEFAULT_UID_BASE,
             ksm_pages_to_scan: None,
             insecure_registries: Vec::new(),
             image_registry_private_allow: Vec::new(),
@@ -285,6 +294,14 @@ impl NodeConfig {
         }
         if let Some(on) = env_flag("SIESTA_MEMORY_RETURN")? {
             config.memory_return = on;
+        }
+        if let Some(on) = env_flag("SIESTA_VMM_USERS")? {
+            config.vmm_users = on;
+        }
+        if let Ok(base) = std::env::var("SIESTA_VMM_UID_BASE") {
+            config.vmm_uid_base = base
+                .parse()
+                .map_err(|e| format!("SIESTA_VMM_UID_BASE={base:?}: {e}"))?;
         }
         if let Ok(pages) = std::env::var("SIESTA_KSM_PAGES_TO_SCAN") {
             config.ksm_pages_to_scan = Some(

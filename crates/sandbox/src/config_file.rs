@@ -66,6 +66,8 @@ pub struct NodeSection {
     pub refill_when_quiet: Option<bool>,
     pub incoming_kernel_stub: Option<bool>,
     pub memory_return: Option<bool>,
+    pub vmm_users: Option<bool>,
+    pub vmm_uid_base: Option<u32>,
     pub ksm_pages_to_scan: Option<u32>,
     pub insecure_registries: Option<Vec<String>>,
     /// Private networks API image builds may pull from (CIDRs).
@@ -152,6 +154,8 @@ impl ConfigFile {
         set(&mut config.refill_when_quiet, &n.refill_when_quiet);
         set(&mut config.incoming_kernel_stub, &n.incoming_kernel_stub);
         set(&mut config.memory_return, &n.memory_return);
+        set(&mut config.vmm_users, &n.vmm_users);
+        set(&mut config.vmm_uid_base, &n.vmm_uid_base);
         if n.ksm_pages_to_scan.is_some() {
             config.ksm_pages_to_scan = n.ksm_pages_to_scan;
         }

@@ -63,6 +63,41 @@ fn vmm_cgroups(tag: &str) -> Option<siesta_vmm::Cgroups> {
     }
 }
 
+/// Where each VMM's unprivileged user comes from, if VMMs get one: only a
+/// server running as root can hand a process another user.
+fn vmm_users(config: &NodeConfig) -> Result<Option<Arc<siesta_vmm::VmmUsers>>> {
+    if !config.vmm_users {
+        tracing::warn!("VMMs run as the server's user (vmm_users = false)");
+        return Ok(None);
+    }
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        tracing::warn!("not root: VMMs run as the server's user");
+        return Ok(None);
+    }
+    let count = siesta_vmm::vmm_users::DEFAULT_UID_COUNT;
+    let users = siesta_vmm::VmmUsers::new(config.vmm_uid_base, count).ok_or_else(|| {
+        Error::Invalid(format!(
+            "vmm_uid_base {}: the {count} uids from there on must lie between 1 and {}",
+            config.vmm_uid_base,
+            u32::MAX - 1
+        ))
+    })?;
+    let clashes = users.host_ids_in_range();
+    if !clashes.is_empty() {
+        return Err(Error::Invalid(format!(
+            "VMM users would share ids with {}: set vmm_uid_base (SIESTA_VMM_UID_BASE) to a \
+             range of {count} ids no user or group of this host has",
+            clashes.join(", ")
+        )));
+    }
+    tracing::info!(
+        first_uid = config.vmm_uid_base,
+        "each VMM runs as a user of its own"
+    );
+    Ok(Some(users))
+}
+
 /// Switches on the host's zero-page merging (see
 /// `siesta_vmm::memory_return`). A host that cannot (no KSM, no write access
 /// to sysfs) still runs sandboxes; it keeps freed guest memory until a pause,
@@ -96,6 +131,9 @@ impl Node {
         let cgroups = vmm_cgroups(&config.net_tag);
         if let Some(cgroups) = &cgroups {
             vmm = vmm.with_cgroups(cgroups.clone());
+        }
+        if let Some(users) = vmm_users(&config)? {
+            vmm = vmm.with_vmm_users(users);
         }
         let net = SlotPool::new(NetConfig {
             tag: config.net_tag.clone(),

@@ -44,6 +44,9 @@ pub enum DensityCompare {
     /// VMMs that load the whole guest kernel and initrd against VMMs that
     /// load the kernel's stand-in (`SIESTA_INCOMING_KERNEL_STUB`).
     KernelStub,
+    /// VMMs running as the server's user against VMMs that each drop to an
+    /// unprivileged user of their own (`SIESTA_VMM_USERS`; root only).
+    VmmUsers,
 }
 
 /// Memory of one VMM process, in KiB.
@@ -73,12 +76,18 @@ pub async fn run(args: DensityArgs) -> anyhow::Result<ExitCode> {
         Some(DensityCompare::KernelStub) => {
             &[("whole kernel", Some(false)), ("kernel stub", Some(true))]
         }
+        Some(DensityCompare::VmmUsers) => &[
+            ("VMMs as the server's user", Some(false)),
+            ("a VMM user each", Some(true)),
+        ],
     };
     let mut arms = Vec::new();
-    for &(label, kernel_stub) in settings {
+    for &(label, on) in settings {
         let mut config = super::session::bench_config("n")?;
-        if let Some(on) = kernel_stub {
-            config.incoming_kernel_stub = on;
+        match (args.compare, on) {
+            (Some(DensityCompare::KernelStub), Some(on)) => config.incoming_kernel_stub = on,
+            (Some(DensityCompare::VmmUsers), Some(on)) => config.vmm_users = on,
+            _ => {}
         }
         let arm = measure_arm(config, &args, label)
             .await

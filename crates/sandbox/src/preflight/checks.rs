@@ -192,6 +192,53 @@ pub(super) fn vmm_cgroups() -> Check {
     }
 }
 
+/// Whether each VMM will run as an unprivileged user of its own, on ids
+/// no user or group of the host has.
+pub(super) fn vmm_users(config: &NodeConfig) -> Check {
+    if !config.vmm_users {
+        return Check::warn(
+            "vmm-users",
+            "vmm_users = false: VMMs run as the server's user",
+            "set vmm_users = true (SIESTA_VMM_USERS=1)",
+        );
+    }
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return Check::warn(
+            "vmm-users",
+            "not root: VMMs would run as the server's user",
+            "run siesta as root, so each VMM drops to a user of its own",
+        );
+    }
+    let count = siesta_vmm::vmm_users::DEFAULT_UID_COUNT;
+    let Some(users) = siesta_vmm::VmmUsers::new(config.vmm_uid_base, count) else {
+        return Check::fail(
+            "vmm-users",
+            format!(
+                "vmm_uid_base {} leaves no room for {count} ids",
+                config.vmm_uid_base
+            ),
+            "set vmm_uid_base to at most 4294901758",
+        );
+    };
+    let clashes = users.host_ids_in_range();
+    if !clashes.is_empty() {
+        return Check::fail(
+            "vmm-users",
+            format!("the VMM ids are taken: {}", clashes.join(", ")),
+            "set vmm_uid_base (SIESTA_VMM_UID_BASE) to a free range",
+        );
+    }
+    Check::ok(
+        "vmm-users",
+        format!(
+            "each VMM runs as a user of its own (uids {} to {})",
+            config.vmm_uid_base,
+            config.vmm_uid_base + (count - 1)
+        ),
+    )
+}
+
 /// Kernel and initramfs that template builds boot.
 pub(super) fn assets(config: &NodeConfig) -> Check {
     let layout = config.layout();

@@ -172,6 +172,7 @@ pub fn run(config: &NodeConfig, opts: &PreflightOptions) -> Report {
     checks.push(checks::accelerator(config));
     checks.push(checks::isolation(config));
     checks.push(checks::vmm_cgroups());
+    checks.push(checks::vmm_users(config));
     checks.push(checks::assets(config));
     checks.push(checks::template(
         config,
