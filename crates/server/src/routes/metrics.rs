@@ -121,9 +121,28 @@ pub async fn many(
 /// Asks running sandbox `id`'s agent for a sample and keeps it under `at`.
 async fn sample_now(st: &AppState, id: &str, at: i64) -> Result<(), ApiError> {
     let m = st.manager.envd(id).await?.metrics().await?;
-    let pick = |k: &str| m.get(k).cloned().unwrap_or(Value::from(0));
+    st.sandbox_metrics.record(
+        id,
+        Sample {
+            unix: at,
+            value: metric_row(&m, at),
+        },
+    );
+    Ok(())
+}
+
+/// One `SandboxMetric` from what the guest's agent answered. Only numbers
+/// are kept (anything else reads 0): the guest chooses the answer, and a
+/// row kept for an hour must not hold whatever it sent (review M5).
+fn metric_row(m: &Value, at: i64) -> Value {
+    let pick = |k: &str| {
+        m.get(k)
+            .filter(|v| v.is_number())
+            .cloned()
+            .unwrap_or(Value::from(0))
+    };
     let at_time = chrono::DateTime::from_timestamp(at, 0).unwrap_or_default();
-    let value = serde_json::json!({
+    serde_json::json!({
         "timestamp": at_time,
         "timestampUnix": at,
         "cpuCount": pick("cpu_count"),
@@ -133,7 +152,31 @@ async fn sample_now(st: &AppState, id: &str, at: i64) -> Result<(), ApiError> {
         "memCache": pick("mem_cache"),
         "diskUsed": pick("disk_used"),
         "diskTotal": pick("disk_total"),
-    });
-    st.sandbox_metrics.record(id, Sample { unix: at, value });
-    Ok(())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_row_keeps_numbers_and_nothing_else_the_guest_sent() {
+        let answer = serde_json::json!({
+            "cpu_count": 2,
+            "cpu_used_pct": 12.5,
+            "mem_used": "x".repeat(1 << 20),
+            "mem_total": { "nested": [1, 2, 3] },
+            "disk_used": 4096,
+            "extra": "y".repeat(1 << 20),
+        });
+        let row = metric_row(&answer, 1_700_000_000);
+        assert_eq!(row["cpuCount"], 2);
+        assert_eq!(row["cpuUsedPct"], 12.5);
+        assert_eq!(row["memUsed"], 0);
+        assert_eq!(row["memTotal"], 0);
+        assert_eq!(row["memCache"], 0);
+        assert_eq!(row["diskUsed"], 4096);
+        assert_eq!(row["timestampUnix"], 1_700_000_000);
+        assert!(row.to_string().len() < 512, "{row}");
+    }
 }
