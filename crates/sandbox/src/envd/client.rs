@@ -14,7 +14,7 @@ use siesta_envd_proto::process::{
     ProcessConfig, StartRequest, StartResponse,
 };
 
-use crate::error::{Error, Result};
+use crate::error::{Error, IoContext, Result};
 use siesta_envd_proto::envelope::{encode, take_frame};
 
 /// What `/init` tells a freshly resumed guest.
@@ -317,6 +317,22 @@ impl EnvdClient {
 
     /// Writes `body` to `path` in the guest as `user` (`POST /files`).
     pub async fn upload(&self, path: &str, user: &str, body: Vec<u8>) -> Result<()> {
+        self.upload_body(path, user, body.into()).await
+    }
+
+    /// Writes the host file `local` to `path` in the guest as `user`,
+    /// streamed: however large, it never sits in the server's memory
+    /// whole (review M5).
+    pub async fn upload_file(&self, path: &str, user: &str, local: &std::path::Path) -> Result<()> {
+        let file = tokio::fs::File::open(local)
+            .await
+            .ctx("opening a file to upload to the guest", local)?;
+        let stream = tokio_util::io::ReaderStream::with_capacity(file, 256 << 10);
+        self.upload_body(path, user, reqwest::Body::wrap_stream(stream))
+            .await
+    }
+
+    async fn upload_body(&self, path: &str, user: &str, body: reqwest::Body) -> Result<()> {
         let mut req = self
             .http
             .post(format!("{}/files", self.base))

@@ -25,7 +25,7 @@ use super::record::{
 use super::steps::{Step, StepContext, StepsBuild};
 use super::Template;
 use crate::envd::{EnvdClient, ExecOptions};
-use crate::error::{Error, IoContext, Result};
+use crate::error::{Error, Result};
 use crate::layout::validate_name;
 use crate::node::Node;
 use crate::sandbox::GuestDefaults;
@@ -334,12 +334,10 @@ async fn run_step(
             owner,
             mode,
         } => {
-            let bytes = tokio::fs::read(archive)
-                .await
-                .ctx("reading the files of a COPY step", archive)?;
             let guest_archive =
                 format!("/tmp/.siesta-copy-{}.tar", &digest[..digest.len().min(16)]);
-            client.upload(&guest_archive, "root", bytes).await?;
+            // Streamed from the file: an archive may be gigabytes.
+            client.upload_file(&guest_archive, "root", archive).await?;
             let owner = owner.clone().unwrap_or_else(|| ctx.user.clone());
             let mode = mode.map(|m| format!("{m:o}")).unwrap_or_default();
             let script = copy_script(
