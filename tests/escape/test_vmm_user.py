@@ -13,49 +13,14 @@ signalling the other sandbox's QEMU. Each must fail.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 from e2b import Sandbox
+from vmm_proc import open_files, qemu_of, status
 
 VMM_UID_BASE = 1_900_000_000
-
-
-def _qemu_of(sandbox_id: str) -> int:
-    """The pid of the QEMU whose `-name guest=<id>` names the sandbox."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if argv and argv[0].endswith(b"qemu-system-x86_64") and f"guest={sandbox_id}".encode() in argv:
-            return int(entry.name)
-    raise AssertionError(f"no QEMU process for sandbox {sandbox_id}")
-
-
-def _status(pid: int) -> dict[str, str]:
-    out = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        out[key] = value.strip()
-    return out
-
-
-def _open_files(pid: int, suffix: str) -> list[Path]:
-    """Files QEMU `pid` holds open whose names end in `suffix`."""
-    found = []
-    for fd in Path(f"/proc/{pid}/fd").iterdir():
-        try:
-            target = os.readlink(fd)
-        except OSError:
-            continue
-        if target.endswith(suffix):
-            found.append(Path(target))
-    return found
 
 
 def _guest_ram_file(pid: int, home: Path) -> Path:
@@ -101,8 +66,8 @@ def test_a_compromised_vmm_reaches_nothing_of_the_node(siesta, attack):
     a = Sandbox.create("base", timeout=300)
     b = Sandbox.create("base", timeout=300)
     try:
-        qa, qb = _qemu_of(a.sandbox_id), _qemu_of(b.sandbox_id)
-        sa, sb = _status(qa), _status(qb)
+        qa, qb = qemu_of(a.sandbox_id), qemu_of(b.sandbox_id)
+        sa, sb = status(qa), status(qb)
         uid_a, uid_b = int(sa["Uid"].split()[0]), int(sb["Uid"].split()[0])
         for s, uid in ((sa, uid_a), (sb, uid_b)):
             assert all(int(x) == uid for x in s["Uid"].split()), s["Uid"]
@@ -116,7 +81,7 @@ def test_a_compromised_vmm_reaches_nothing_of_the_node(siesta, attack):
         assert uid_a != uid_b
 
         home = siesta.home
-        b_disk = _open_files(qb, ".qcow2")
+        b_disk = open_files(qb, ".qcow2")
         assert b_disk, f"QEMU {qb} holds no disk open"
         targets = {
             "the node's database": (home / "siesta.db", "r"),

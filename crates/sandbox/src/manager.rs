@@ -757,7 +757,6 @@ impl SandboxManager {
             egress: record.egress.clone(),
             mounts: record.volume_mounts.clone(),
             volumes: self.volumes.clone(),
-            disk_backing: None,
         }
     }
 }

@@ -329,8 +329,10 @@ impl SandboxManager {
             r.take_file(&from, DISK, &to)
         })
         .await?;
-        let mut params = self.resume_params(&sb.record);
-        params.disk_backing = self.lazy_backing(&disk, &template).await?;
+        // Opened over the template's disk, whatever the header names: a
+        // disk made while the template was served lazily names a FUSE file
+        // gone after a restart, and a header is the VMM's to rewrite.
+        let params = self.resume_params(&sb.record);
         let resumed = match saved {
             Some(saved) => {
                 resume::from_saved(
@@ -365,22 +367,6 @@ impl SandboxManager {
         }
         self.unshare_pause(&id, &snapshot.id);
         Ok(())
-    }
-
-    /// For a disk made while its template was served lazily (its backing
-    /// file is a FUSE file under `lazy/`, gone after a restart): the
-    /// template's disk in the repository, the same bytes, to open instead.
-    /// The pause waited for the template to be imported.
-    async fn lazy_backing(&self, disk: &Path, template: &Template) -> Result<Option<PathBuf>> {
-        let lazy = self.node.config.layout().lazy();
-        let disk = disk.to_path_buf();
-        let backing = blocking::run("reading a disk's backing file", move || {
-            crate::rootfs::backing_file(&disk)
-        })
-        .await?;
-        Ok(backing
-            .filter(|b| b.starts_with(&lazy))
-            .map(|_| template.disk_path()))
     }
 
     /// Deletes sandbox `id`'s paused snapshot, if it has one.

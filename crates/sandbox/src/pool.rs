@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use siesta_net::Slot;
-use siesta_vmm::{DiskFormat, DiskSpec, LaunchMode, LaunchSpec, MemoryBacking, VmInstance};
+use siesta_vmm::{DiskSpec, LaunchMode, LaunchSpec, MemoryBacking, VmInstance};
 use tokio::sync::Mutex;
 
 use crate::error::{Error, IoContext, Result};
@@ -480,12 +480,9 @@ pub(crate) fn incoming_spec(
             shared: false,
             prealloc: false,
         },
-        disk: Some(DiskSpec {
-            path: disk,
-            format: DiskFormat::Qcow2,
-            read_only: false,
-            backing: None,
-        }),
+        // Every sandbox's disk is an overlay of its template's: named
+        // here, never read from the overlay's header (`disk_image`).
+        disk: Some(DiskSpec::overlay_of_raw(disk, template.disk_path())),
         net: Some(node.net_spec(slot)),
         mode: LaunchMode::Incoming,
         serial_log: true,

@@ -33,7 +33,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use siesta_net::{EgressPolicy, Slot};
-use siesta_vmm::{VmInstance, VmmError};
+use siesta_vmm::{DiskSpec, VmInstance, VmmError};
 
 use crate::envd::InitParams;
 use crate::error::{Error, IoContext, Result};
@@ -72,9 +72,6 @@ pub struct ResumeParams {
     /// told to mount them in `init`).
     pub mounts: Vec<VolumeMount>,
     pub volumes: Option<Arc<Volumes>>,
-    /// Opened as the disk overlay's backing file instead of the path its
-    /// header names (see [`siesta_vmm::DiskSpec::backing`]).
-    pub disk_backing: Option<PathBuf>,
 }
 
 /// Resumes a new sandbox from `template`. The sandbox takes the id and
@@ -161,14 +158,19 @@ pub async fn from_saved(
     } else {
         None
     };
-    let sandbox = SavedSandbox { id, dir, saved };
+    let sandbox = SavedSandbox {
+        id,
+        dir,
+        saved,
+        template_disk: template.disk_path(),
+    };
     let (guard, _refill) = match waiting {
         Some((entry, refill)) => (
-            adopt_pooled(node, pool, &mut clock, entry, &sandbox, params).await?,
+            adopt_pooled(node, pool, &mut clock, entry, &sandbox).await?,
             Some(refill),
         ),
         None => (
-            spawn_for_saved(node, &mut clock, template, &sandbox, params).await?,
+            spawn_for_saved(node, &mut clock, template, &sandbox).await?,
             None,
         ),
     };
@@ -186,6 +188,8 @@ struct SavedSandbox<'a> {
     /// Its directory: `disk.qcow2` and `run/`.
     dir: &'a Path,
     saved: SavedState,
+    /// What its disk is an overlay of.
+    template_disk: PathBuf,
 }
 
 impl SavedSandbox<'_> {
@@ -214,14 +218,8 @@ async fn adopt_pooled<'a>(
     clock: &mut StageClock,
     mut entry: PooledVm,
     sandbox: &SavedSandbox<'_>,
-    params: &ResumeParams,
 ) -> Result<Cleanup<'a>> {
-    let disk = siesta_vmm::DiskSpec {
-        path: sandbox.disk(),
-        format: siesta_vmm::DiskFormat::Qcow2,
-        read_only: false,
-        backing: params.disk_backing.clone(),
-    };
+    let disk = siesta_vmm::DiskSpec::overlay_of_raw(sandbox.disk(), sandbox.template_disk.clone());
     let run_dir = sandbox.run_dir();
     let bound = clock
         .time(Stage::RootfsBind, async {
@@ -266,7 +264,6 @@ async fn spawn_for_saved<'a>(
     clock: &mut StageClock,
     template: &Template,
     sandbox: &SavedSandbox<'_>,
-    params: &ResumeParams,
 ) -> Result<Cleanup<'a>> {
     let slot = clock
         .time(Stage::NetworkSetup, node.acquire_slot(sandbox.id))
@@ -291,9 +288,6 @@ async fn spawn_for_saved<'a>(
         sandbox.disk(),
         &slot,
     );
-    if let Some(d) = spec.disk.as_mut() {
-        d.backing.clone_from(&params.disk_backing);
-    }
     // The blob the state was saved over (see `memory_save`).
     spec.memory.path.clone_from(&sandbox.saved.memory);
     let spawned = clock
@@ -379,14 +373,10 @@ pub async fn cold_boot(
         dir,
         size,
         run_dir.join("memory.img"),
-        dir.join(crate::sandbox::DISK_FILE),
-        siesta_vmm::DiskFormat::Qcow2,
+        DiskSpec::overlay_of_raw(dir.join(crate::sandbox::DISK_FILE), template.disk_path()),
     );
     // Its own RAM, zero at boot: private, so a later pause saves it.
     spec.memory.shared = false;
-    if let Some(d) = spec.disk.as_mut() {
-        d.backing.clone_from(&params.disk_backing);
-    }
     let ((vm, slot), _) = clock
         .time(Stage::ColdBoot, boot_until_healthy(node, spec))
         .await?;

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use siesta_vmm::DiskFormat;
+use siesta_vmm::{disk_image, DiskFormat, DiskSpec};
 use tokio::process::Command;
 
 use crate::error::{Error, Result};
@@ -14,13 +14,44 @@ pub async fn create_overlay(base: &Path, overlay: &Path) -> Result<()> {
     create_overlay_on(base, DiskFormat::Raw, overlay).await
 }
 
-/// Creates `overlay` (qcow2) backed by `base`, an image in `format`.
+/// Creates `overlay` (qcow2) backed by `base`, an image in `format`, of
+/// `base`'s size, without opening `base` (`-u`): a qcow2 `base` was written
+/// by a VM, which could have made its header name any file
+/// (`siesta_vmm::disk_image`).
 pub async fn create_overlay_on(base: &Path, format: DiskFormat, overlay: &Path) -> Result<()> {
+    let size = virtual_size(base, format)?;
     let mut cmd = Command::new("qemu-img");
-    cmd.args(["create", "-q", "-f", "qcow2", "-F", format.as_str(), "-b"])
-        .arg(base)
-        .arg(overlay);
+    cmd.args([
+        "create",
+        "-q",
+        "-u",
+        "-f",
+        "qcow2",
+        "-F",
+        format.as_str(),
+        "-b",
+    ])
+    .arg(base)
+    .arg(overlay)
+    .arg(size.to_string());
     qemu_img(cmd, &format!("qemu-img create {}", overlay.display())).await
+}
+
+/// The size the guest sees of the image at `path`.
+fn virtual_size(path: &Path, format: DiskFormat) -> Result<u64> {
+    disk_image::virtual_size(path, format).map_err(|detail| Error::CorruptSnapshot {
+        path: path.to_path_buf(),
+        detail,
+    })
+}
+
+/// Refuses an image (written by a VM) whose header would make `qemu-img`
+/// open a file nobody named.
+fn check_image(path: &Path, format: DiskFormat) -> Result<()> {
+    disk_image::check_path(path, format).map_err(|detail| Error::CorruptSnapshot {
+        path: path.to_path_buf(),
+        detail,
+    })
 }
 
 /// Points qcow2 `overlay` at the raw image `base` as its backing file,
@@ -28,6 +59,9 @@ pub async fn create_overlay_on(base: &Path, format: DiskFormat, overlay: &Path) 
 /// backing image has the same content at another path (another node's
 /// copy of the template disk).
 pub async fn rebase_onto(overlay: &Path, base: &Path) -> Result<()> {
+    // The overlay is a VM's (or a peer node's): `-u` opens no backing file,
+    // and the check refuses a data file.
+    check_image(overlay, DiskFormat::Qcow2)?;
     let mut cmd = Command::new("qemu-img");
     cmd.args(["rebase", "-q", "-u", "-f", "qcow2", "-F", "raw", "-b"])
         .arg(base)
@@ -35,48 +69,45 @@ pub async fn rebase_onto(overlay: &Path, base: &Path) -> Result<()> {
     qemu_img(cmd, &format!("qemu-img rebase {}", overlay.display())).await
 }
 
-/// The backing file qcow2 `overlay` names in its header, if any.
+/// The backing file qcow2 `overlay` names in its header, if any (shown,
+/// never opened: see `siesta_vmm::disk_image`).
 pub fn backing_file(overlay: &Path) -> Result<Option<std::path::PathBuf>> {
-    use std::os::unix::ffi::OsStrExt;
-    use std::os::unix::fs::FileExt;
-    let ctx = |source| Error::Io {
+    let file = std::fs::File::open(overlay).map_err(|source| Error::Io {
         what: "reading the header of",
         path: overlay.to_path_buf(),
         source,
-    };
-    let file = std::fs::File::open(overlay).map_err(ctx)?;
-    let mut header = [0u8; 20];
-    file.read_exact_at(&mut header, 0).map_err(ctx)?;
-    let bad = |detail: &str| Error::CorruptSnapshot {
-        path: overlay.to_path_buf(),
-        detail: detail.to_string(),
-    };
-    if header[..4] != *b"QFI\xfb" {
-        return Err(bad("not a qcow2 image"));
-    }
-    let offset = u64::from_be_bytes(header[8..16].try_into().unwrap_or_default());
-    let len = u32::from_be_bytes(header[16..20].try_into().unwrap_or_default());
-    if offset == 0 || len == 0 {
-        return Ok(None);
-    }
-    if len > 4096 {
-        return Err(bad("its backing file name is over 4 KiB"));
-    }
-    let mut name = vec![0u8; len as usize];
-    file.read_exact_at(&mut name, offset).map_err(ctx)?;
-    Ok(Some(std::ffi::OsStr::from_bytes(&name).into()))
+    })?;
+    let header =
+        disk_image::read_header(&file, overlay).map_err(|detail| Error::CorruptSnapshot {
+            path: overlay.to_path_buf(),
+            detail,
+        })?;
+    Ok(header.backing_name)
 }
 
-/// Writes the disk that `top` (an image in `format`, with its backing
-/// chain) presents as one sparse raw image at `raw`.
-pub async fn flatten(top: &Path, format: DiskFormat, raw: &Path) -> Result<()> {
+/// Writes what `disk` (an image over the chain it names) presents as one
+/// sparse raw image at `raw`. `qemu-img` is given the whole chain as a
+/// `json:` name, so it follows no name from a header a VM wrote.
+pub async fn flatten(disk: &DiskSpec, raw: &Path) -> Result<()> {
+    disk.check_images()
+        .map_err(|detail| Error::CorruptSnapshot {
+            path: disk.path.clone(),
+            detail,
+        })?;
+    let mut file =
+        |p: &Path| serde_json::json!({ "driver": "file", "filename": p.to_string_lossy() });
+    let source = format!("json:{}", disk.block_node(&mut file));
     let mut cmd = Command::new("qemu-img");
-    cmd.args(["convert", "-q", "-f", format.as_str(), "-O", "raw"])
-        .arg(top)
+    cmd.args(["convert", "-q", "-O", "raw"])
+        .arg(source)
         .arg(raw);
     qemu_img(
         cmd,
-        &format!("qemu-img convert {} to {}", top.display(), raw.display()),
+        &format!(
+            "qemu-img convert {} to {}",
+            disk.path.display(),
+            raw.display()
+        ),
     )
     .await
 }

@@ -16,6 +16,7 @@ use async_trait::async_trait;
 
 mod accel;
 pub mod cgroup;
+pub mod disk_image;
 mod error;
 mod info;
 pub mod memory_return;
@@ -27,7 +28,7 @@ pub use accel::{Accel, AccelChoice};
 pub use cgroup::{CgroupLimits, Cgroups, VmCgroup};
 pub use error::VmmError;
 pub use info::VmmInfo;
-pub use spec::{DiskFormat, DiskSpec, LaunchMode, LaunchSpec, MemoryBacking, NetSpec};
+pub use spec::{BackingFile, DiskFormat, DiskSpec, LaunchMode, LaunchSpec, MemoryBacking, NetSpec};
 pub use vmm_users::{VmmUser, VmmUsers};
 
 /// A VMM backend: knows how to start VMM processes of one kind.

@@ -1,6 +1,6 @@
 //! The one machine description every backend derives its VM from.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
@@ -71,11 +71,88 @@ pub struct DiskSpec {
     pub path: PathBuf,
     pub format: DiskFormat,
     pub read_only: bool,
-    /// A raw image to open as the qcow2 overlay's backing file instead of
-    /// the one its header names (same content at another path: a
-    /// template disk served lazily when the overlay was made).
+    /// Every file below the image, nearest first, as the caller recorded
+    /// them: the VMM opens exactly these and follows no name from a qcow2
+    /// header (a VMM can rewrite its image's header; see
+    /// [`crate::disk_image`]). Empty: the image stands alone.
     #[serde(default)]
-    pub backing: Option<PathBuf>,
+    pub backing: Vec<BackingFile>,
+}
+
+/// The most files below a disk image a spec may name.
+pub const MAX_BACKING_DEPTH: usize = 32;
+
+/// One read-only file below a disk image.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BackingFile {
+    pub path: PathBuf,
+    pub format: DiskFormat,
+}
+
+impl BackingFile {
+    pub fn raw(path: PathBuf) -> Self {
+        Self {
+            path,
+            format: DiskFormat::Raw,
+        }
+    }
+}
+
+impl DiskSpec {
+    /// A writable qcow2 overlay at `path` over the raw image `base`: every
+    /// sandbox's disk over its template's.
+    pub fn overlay_of_raw(path: PathBuf, base: PathBuf) -> Self {
+        Self {
+            path,
+            format: DiskFormat::Qcow2,
+            read_only: false,
+            backing: vec![BackingFile::raw(base)],
+        }
+    }
+
+    /// The image and every file below it, top first.
+    pub fn files(&self) -> impl Iterator<Item = (&PathBuf, DiskFormat)> {
+        std::iter::once((&self.path, self.format))
+            .chain(self.backing.iter().map(|b| (&b.path, b.format)))
+    }
+
+    /// Refuses the disk if any of its images would make whoever opens it
+    /// open a file nobody named ([`crate::disk_image::check`]).
+    pub fn check_images(&self) -> Result<(), String> {
+        self.files()
+            .try_for_each(|(path, format)| crate::disk_image::check_path(path, format))
+    }
+
+    /// The image's block node as QEMU's `-blockdev`, `blockdev-add` and
+    /// `qemu-img --image-opts`-style `json:` names take it, with `file(path)`
+    /// as each file's protocol node: the whole chain is spelled out and
+    /// ends in `"backing": null`, so QEMU opens no file a header names.
+    /// `file` is called in [`Self::files`] order.
+    pub fn block_node(
+        &self,
+        file: &mut dyn FnMut(&Path) -> serde_json::Value,
+    ) -> serde_json::Value {
+        let nodes: Vec<_> = self.files().map(|(p, format)| (format, file(p))).collect();
+        nodes
+            .into_iter()
+            .rev()
+            .fold(serde_json::Value::Null, |below, (format, file)| {
+                chained(format, file, below)
+            })
+    }
+}
+
+/// One format node over `file`; a qcow2 one gets `backing` (null for none).
+fn chained(
+    format: DiskFormat,
+    file: serde_json::Value,
+    backing: serde_json::Value,
+) -> serde_json::Value {
+    let mut v = serde_json::json!({ "driver": format.as_str(), "file": file });
+    if format == DiskFormat::Qcow2 {
+        v["backing"] = backing;
+    }
+    v
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -143,13 +220,23 @@ impl LaunchSpec {
         }
         if let Some(disk) = &self.disk {
             // QEMU is given the disk's paths in JSON.
-            for path in std::iter::once(&disk.path).chain(&disk.backing) {
+            for (path, _) in disk.files() {
                 if path.to_str().is_none() {
                     return Err(bad(format!(
                         "disk path {} is not valid UTF-8",
                         path.display()
                     )));
                 }
+            }
+            let formats: Vec<DiskFormat> = disk.files().map(|(_, f)| f).collect();
+            if formats[..formats.len() - 1].contains(&DiskFormat::Raw) {
+                return Err(bad("only the last file of a disk's chain can be raw".into()));
+            }
+            if disk.backing.len() > MAX_BACKING_DEPTH {
+                return Err(bad(format!(
+                    "the disk's chain has {} files below it; at most {MAX_BACKING_DEPTH}",
+                    disk.backing.len()
+                )));
             }
         }
         if let Some(net) = &self.net {

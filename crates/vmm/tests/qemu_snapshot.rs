@@ -12,6 +12,8 @@
 //! `/var/lib/siesta`; `guest/build-kernel.sh` makes it) and busybox-static.
 //! Skips only when `qemu-system-x86_64` is not installed.
 
+mod common;
+
 use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -40,14 +42,6 @@ while true; do
   sleep 0.5
 done
 "#;
-
-fn find_on_path(name: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH")?
-        .to_str()?
-        .split(':')
-        .map(|d| Path::new(d).join(name))
-        .find(|p| p.is_file())
-}
 
 /// Holds every VM the test starts. On drop (also when the test panics or
 /// times out) each VMM process still running is SIGKILLed by its PID; the
@@ -300,27 +294,10 @@ fn mem_fingerprint(p: &Path) -> (u64, i64, i64, u64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn snapshot_restore_chain_on_a_real_guest() {
-    let Some(qemu) = find_on_path("qemu-system-x86_64") else {
-        // Under CI and `make test` (SIESTA_TESTS_MUST_RUN) a skip would be
-        // a pass that checked nothing.
-        let must_run =
-            std::env::var_os("CI").is_some() || std::env::var_os("SIESTA_TESTS_MUST_RUN").is_some();
-        assert!(
-            !must_run,
-            "qemu-system-x86_64 is not installed (apt-get install qemu-system-x86)"
-        );
-        eprintln!("SKIPPED: qemu-system-x86_64 is not installed (apt-get install qemu-system-x86)");
+    let Some(qemu) = common::qemu_or_skip() else {
         return;
     };
-    let home = std::env::var_os("SIESTA_HOME")
-        .map_or_else(|| PathBuf::from("/var/lib/siesta"), PathBuf::from);
-    let kernel = home.join("assets/vmlinuz");
-    assert!(
-        kernel.is_file(),
-        "guest kernel {} missing: run guest/build-kernel.sh {} (or set SIESTA_HOME)",
-        kernel.display(),
-        home.join("assets").display()
-    );
+    let kernel = common::guest_kernel();
     let busybox = ["/bin/busybox", "/usr/bin/busybox"]
         .iter()
         .map(PathBuf::from)

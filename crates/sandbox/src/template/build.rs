@@ -83,8 +83,7 @@ pub async fn cold_boot(node: &Node, image: &str) -> Result<f64> {
             &work,
             VmSize::of_node(node),
             work.join("memory.img"),
-            disk,
-            DiskFormat::Qcow2,
+            DiskSpec::overlay_of_raw(disk, image.clone()),
         );
         let (mut vm, ms) = boot_until_healthy(node, spec).await?;
         let _ = vm.0.shutdown().await;
@@ -137,8 +136,7 @@ pub(crate) fn boot_spec(
     dir: &Path,
     size: VmSize,
     memory: PathBuf,
-    disk: PathBuf,
-    format: DiskFormat,
+    disk: DiskSpec,
 ) -> LaunchSpec {
     let layout = node.config.layout();
     LaunchSpec {
@@ -154,12 +152,7 @@ pub(crate) fn boot_spec(
             shared: true,
             prealloc: false,
         },
-        disk: Some(DiskSpec {
-            path: disk,
-            format,
-            read_only: false,
-            backing: None,
-        }),
+        disk: Some(disk),
         net: None, // filled in by boot_until_healthy with the slot it takes
         mode: LaunchMode::Boot,
         serial_log: true,
@@ -222,8 +215,12 @@ async fn freeze_into(
         work,
         VmSize::of_node(node),
         memory.clone(),
-        disk.clone(),
-        DiskFormat::Raw,
+        DiskSpec {
+            path: disk.clone(),
+            format: DiskFormat::Raw,
+            read_only: false,
+            backing: vec![],
+        },
     );
     spec.cmdline = node.template_kernel_cmdline();
     let run_dir = spec.run_dir.clone();

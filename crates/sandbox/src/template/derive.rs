@@ -12,8 +12,6 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use siesta_vmm::DiskFormat;
-
 use super::base::Base;
 use super::build::{boot_spec, boot_until_healthy, freeze, init_before_freeze, VmSize};
 use super::layered::LayeredDisk;
@@ -144,15 +142,7 @@ async fn assemble(
             &format!("steps 1-{reused} of {}: cached", build.steps.len()),
         );
     }
-    let mut spec = boot_spec(
-        node,
-        &id,
-        work,
-        size,
-        memory.clone(),
-        layers.vm_disk(),
-        DiskFormat::Qcow2,
-    );
+    let mut spec = boot_spec(node, &id, work, size, memory.clone(), layers.vm_disk());
     spec.cmdline = node.template_kernel_cmdline();
     let run_dir = spec.run_dir.clone();
     let started = Instant::now();

@@ -6,11 +6,11 @@
 
 use std::path::{Path, PathBuf};
 
-use siesta_vmm::{DiskFormat, VmInstance};
+use siesta_vmm::{BackingFile, DiskFormat, DiskSpec, VmInstance};
 
 use super::base::Base;
 use super::derive::{BuildLog, BuildPhase, LogLevel};
-use super::step_cache::{Layer, StepCache};
+use super::step_cache::{CachedImage, Layer, StepCache};
 use super::steps::{step_key, StepContext, StepsBuild};
 use crate::error::{Error, Result};
 use crate::node::Node;
@@ -68,9 +68,19 @@ impl LayeredDisk {
         ))
     }
 
-    /// The image the VM is to be started with (qcow2).
-    pub fn vm_disk(&self) -> PathBuf {
-        self.writing.clone()
+    /// The disk the VM is to be started with: the overlay it writes over
+    /// the chain of layers the cache recorded.
+    pub fn vm_disk(&self) -> DiskSpec {
+        let file = |i: CachedImage| BackingFile {
+            path: self.cache.path(&i.file),
+            format: i.format,
+        };
+        DiskSpec {
+            path: self.writing.clone(),
+            format: DiskFormat::Qcow2,
+            read_only: false,
+            backing: self.top.chain().into_iter().map(file).collect(),
+        }
     }
 
     /// Where the next step starts: the context the last layer recorded.
@@ -91,10 +101,8 @@ impl LayeredDisk {
         let key = step_key(&self.top.key, step);
         if !step.writes_disk() {
             let disk = self.cache.path(&self.top.disk);
-            let backing = self.top.backing.as_ref().map(|b| self.cache.path(b));
-            self.top = self
-                .cache
-                .put(&key, &disk, self.top.format, backing.as_deref(), ctx)?;
+            let below = self.top.below.clone();
+            self.top = self.cache.put(&key, &disk, self.top.format, below, ctx)?;
             return Ok(());
         }
         let next = self.cache.new_image(&key, DiskFormat::Qcow2);
@@ -102,17 +110,17 @@ impl LayeredDisk {
             .await
             .map_err(|source| Error::vmm(vm.id().to_string(), source))?;
         let frozen = std::mem::replace(&mut self.writing, next);
-        let parent = self.cache.path(&self.top.disk);
+        let below = self.top.chain();
         self.top = self
             .cache
-            .put(&key, &frozen, DiskFormat::Qcow2, Some(&parent), ctx)?;
+            .put(&key, &frozen, DiskFormat::Qcow2, below, ctx)?;
         Ok(())
     }
 
     /// Writes the whole chain as one raw image at `raw` (the VM is gone)
     /// and removes the last overlay, which belongs to no step.
     pub async fn flatten_into(self, raw: &Path) -> Result<()> {
-        let done = flatten(&self.writing, DiskFormat::Qcow2, raw).await;
+        let done = flatten(&self.vm_disk(), raw).await;
         self.discard();
         done
     }
@@ -151,7 +159,7 @@ async fn write_base(
     let written = base.write_disk(node, build, work, &disk, log).await;
     let layer = written.and_then(|defaults| {
         let ctx = StepContext::starting(defaults.env.clone(), &defaults.guest);
-        cache.put(key, &disk, DiskFormat::Raw, None, &ctx)
+        cache.put(key, &disk, DiskFormat::Raw, vec![], &ctx)
     });
     if layer.is_err() {
         let _ = std::fs::remove_file(&disk);

@@ -39,11 +39,40 @@ pub(super) struct Layer {
     pub format: DiskFormat,
     /// The image's size when it was frozen.
     pub size: u64,
-    /// The file name of the image `disk` is backed by (a qcow2 layer's
-    /// parent image).
-    pub backing: Option<String>,
+    /// The images below `disk`, nearest first (a qcow2 layer's parent
+    /// image, its parent's...). The VM is given this chain; the names in
+    /// the images' headers are never followed, since the VM that wrote a
+    /// layer could have rewritten them (`siesta_vmm::disk_image`).
+    #[serde(default)]
+    pub below: Vec<CachedImage>,
     /// What the next step starts from.
     pub context: StepContext,
+}
+
+/// An image in the cache directory and the driver that reads it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) struct CachedImage {
+    pub file: String,
+    pub format: DiskFormat,
+}
+
+impl Layer {
+    /// The image `disk` is backed by.
+    pub fn backing(&self) -> Option<&str> {
+        self.below.first().map(|i| i.file.as_str())
+    }
+
+    /// This layer's image over the images below it: what an overlay on
+    /// this layer is backed by.
+    pub fn chain(&self) -> Vec<CachedImage> {
+        let top = CachedImage {
+            file: self.disk.clone(),
+            format: self.format,
+        };
+        std::iter::once(top)
+            .chain(self.below.iter().cloned())
+            .collect()
+    }
 }
 
 /// The step cache directory of one node.
@@ -68,11 +97,11 @@ impl StepCache {
         let entry = self.entry_path(key);
         let layer: Layer = serde_json::from_slice(&std::fs::read(&entry).ok()?).ok()?;
         let size = std::fs::metadata(self.path(&layer.disk)).ok()?.len();
-        let backing_there = layer
-            .backing
-            .as_ref()
-            .is_none_or(|b| self.path(b).is_file());
-        if layer.key != key || size != layer.size || !backing_there {
+        let below_there = layer.below.iter().all(|i| self.path(&i.file).is_file());
+        // A qcow2 layer always has a parent; without one recorded the
+        // entry is from before chains were (its image would open alone).
+        let chained = layer.format == DiskFormat::Raw || !layer.below.is_empty();
+        if layer.key != key || size != layer.size || !below_there || !chained {
             tracing::warn!(key, "step cache entry is incomplete: not used");
             return None;
         }
@@ -98,14 +127,14 @@ impl StepCache {
         self.path(&format!("{short}-{}-{nanos}.{ext}", std::process::id()))
     }
 
-    /// Names the frozen image `disk` (a file in this cache) as the layer
-    /// `key`.
+    /// Names the frozen image `disk` (a file in this cache, over the
+    /// images `below`) as the layer `key`.
     pub fn put(
         &self,
         key: &str,
         disk: &Path,
         format: DiskFormat,
-        backing: Option<&Path>,
+        below: Vec<CachedImage>,
         context: &StepContext,
     ) -> Result<Layer> {
         let name = |p: &Path| p.file_name().map(|n| n.to_string_lossy().into_owned());
@@ -116,7 +145,7 @@ impl StepCache {
             size: std::fs::metadata(disk)
                 .ctx("reading the size of", disk)?
                 .len(),
-            backing: backing.and_then(name),
+            below,
             context: context.clone(),
         };
         let entry = self.entry_path(key);
@@ -160,7 +189,7 @@ impl StepCache {
             let _ = std::fs::remove_file(&image);
             let (broken, rest): (Vec<_>, Vec<_>) = std::mem::take(kept)
                 .into_iter()
-                .partition(|(l, _)| l.backing.as_deref() == Some(layer.disk.as_str()));
+                .partition(|(l, _)| l.backing() == Some(layer.disk.as_str()));
             *kept = rest;
             doomed.extend(broken.into_iter().map(|(l, _)| l));
         }
@@ -197,7 +226,7 @@ impl StepCache {
     fn remove_unnamed(&self, entries: &[(Layer, SystemTime)]) -> Result<u64> {
         let named: HashSet<&str> = entries
             .iter()
-            .flat_map(|(l, _)| std::iter::once(l.disk.as_str()).chain(l.backing.as_deref()))
+            .flat_map(|(l, _)| std::iter::once(l.disk.as_str()).chain(l.backing()))
             .collect();
         let mut freed = 0;
         for item in std::fs::read_dir(&self.dir).ctx("listing the step cache", &self.dir)? {
@@ -265,15 +294,23 @@ mod tests {
         let cache = StepCache::open(dir.path().join("steps")).unwrap();
         let base = image(&cache, "b", 10);
         let got = cache
-            .put("b", &base, DiskFormat::Raw, None, &ctx("user"))
+            .put("b", &base, DiskFormat::Raw, vec![], &ctx("user"))
             .unwrap();
         assert_eq!(cache.get("b"), Some(got.clone()));
         assert_eq!(cache.get("other"), None);
         let step = image(&cache, "s", 5);
-        cache
-            .put("s", &step, DiskFormat::Qcow2, Some(&base), &ctx("app"))
+        let s = cache
+            .put("s", &step, DiskFormat::Qcow2, got.chain(), &ctx("app"))
             .unwrap();
         assert_eq!(cache.get("s").unwrap().context.user, "app");
+        assert_eq!(s.backing(), Some(got.disk.as_str()));
+        assert_eq!(s.chain().len(), 2);
+        assert_eq!(s.chain()[1].format, DiskFormat::Raw);
+        // A qcow2 entry written before chains were recorded is not used.
+        cache
+            .put("unchained", &step, DiskFormat::Qcow2, vec![], &ctx("app"))
+            .unwrap();
+        assert_eq!(cache.get("unchained"), None);
         // A changed image, or a missing backing image, is not used.
         std::fs::write(&step, b"x").unwrap();
         assert_eq!(cache.get("s"), None);
@@ -286,21 +323,33 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let cache = StepCache::open(dir.path().join("steps")).unwrap();
         let old = image(&cache, "old", 64 << 10);
-        cache
-            .put("old", &old, DiskFormat::Raw, None, &ctx("u"))
+        let old_layer = cache
+            .put("old", &old, DiskFormat::Raw, vec![], &ctx("u"))
             .unwrap();
         let child = image(&cache, "child", 8 << 10);
         cache
-            .put("child", &child, DiskFormat::Qcow2, Some(&old), &ctx("u"))
+            .put(
+                "child",
+                &child,
+                DiskFormat::Qcow2,
+                old_layer.chain(),
+                &ctx("u"),
+            )
             .unwrap();
         // An ENV step shares its parent's image.
         cache
-            .put("env", &child, DiskFormat::Qcow2, Some(&old), &ctx("u"))
+            .put(
+                "env",
+                &child,
+                DiskFormat::Qcow2,
+                old_layer.chain(),
+                &ctx("u"),
+            )
             .unwrap();
         std::thread::sleep(std::time::Duration::from_millis(20));
         let new = image(&cache, "new", 64 << 10);
         cache
-            .put("new", &new, DiskFormat::Raw, None, &ctx("u"))
+            .put("new", &new, DiskFormat::Raw, vec![], &ctx("u"))
             .unwrap();
         // An image no entry names, from a process that is gone.
         let stray = cache.path("ffff-999999999-1.qcow2");

@@ -286,7 +286,7 @@ mod tests {
             path: "/d/a,b.qcow2".into(),
             format: DiskFormat::Qcow2,
             read_only: true,
-            backing: None,
+            backing: vec![],
         });
         s.net = Some(NetSpec {
             netns: Some("/run/netns/slot1".into()),
@@ -309,11 +309,11 @@ mod tests {
         assert_eq!(blockdevs[0]["node-name"], "disk0-img");
         assert_eq!(blockdevs[0]["file"]["filename"], "/d/a,b.qcow2");
         assert_eq!(blockdevs[0]["read-only"], true);
-        assert!(blockdevs[0].get("backing").is_none());
+        assert!(blockdevs[0]["backing"].is_null(), "a lone image says so");
         assert_eq!(blockdevs[1]["node-name"], "disk0");
         assert_eq!(blockdevs[1]["file"], "disk0-img");
         if let Some(d) = s.disk.as_mut() {
-            d.backing = Some("/t/b,c.raw".into());
+            d.backing = vec![crate::BackingFile::raw("/t/b,c.raw".into())];
         }
         let argv = strs(&build_argv(&s, Accel::Kvm, "pc-q35-7.2", None));
         let image: serde_json::Value =

@@ -22,21 +22,24 @@
 //! are replaced or checkpointed (`blockdev-snapshot-sync` puts the new
 //! overlay between the filter and the old image).
 //!
-//! The images a VMM is started with are opened by path (QEMU is still
-//! root then). Every image added later reaches it as descriptors
+//! Every node names its whole chain, as the caller recorded it, and ends in
+//! `"backing": null`: QEMU follows no file name from a header a VMM could
+//! have rewritten ([`crate::disk_image`]). The images a VMM is started with
+//! are opened by path (QEMU is still root then; the spawn checks their
+//! headers first). Every image added later reaches it as descriptors
 //! ([`super::fdset`]): the VMM may have dropped to a user of its own that
-//! can open nothing of the server's. So a replaced disk's whole chain is
-//! spelled out, one descriptor per file ([`super::backing_chain`]), and a
-//! checkpoint's overlay is created here with `qemu-img` and handed over.
+//! can open nothing of the server's. So a replaced disk's files are each
+//! opened here, checked, and passed, and a checkpoint's overlay is created
+//! here with `qemu-img` and handed over.
 
+use std::fs::File;
 use std::path::Path;
 
 use serde_json::{json, Value};
 
-use super::backing_chain::{self, Link};
-use super::fdset::{Access, FdSet};
+use super::fdset::{self, Access, FdSet};
 use super::QemuInstance;
-use crate::{DiskFormat, DiskSpec, LaunchMode, VmmError};
+use crate::{disk_image, BackingFile, DiskFormat, DiskSpec, LaunchMode, VmmError};
 
 /// The node the guest's disk device is attached to.
 pub const DISK_ID: &str = "disk0";
@@ -58,67 +61,34 @@ pub(super) fn utf8_path<'a>(path: &'a Path, what: &str) -> Result<&'a str, Strin
         .ok_or_else(|| format!("{what} {} is not valid UTF-8", path.display()))
 }
 
-/// The image's format node as `blockdev-add` (and `-blockdev`) take it:
-/// writeback caching, guest discards punched through to the file, and the
-/// backing file its header names unless [`DiskSpec::backing`] gives another.
+/// The image's format node as `-blockdev` takes it at start-up (QEMU is
+/// still root and opens the files by path): writeback caching and guest
+/// discards punched through to the file, over exactly the chain the spec
+/// names.
 pub(super) fn image_node(disk: &DiskSpec, node: &str) -> Result<Value, String> {
-    let mut v = json!({
-        "driver": disk.format.as_str(),
-        "node-name": node,
-        "discard": "unmap",
-        "read-only": disk.read_only,
-        "file": { "driver": "file", "filename": utf8_path(&disk.path, "disk")? },
-    });
-    if let Some(backing) = &disk.backing {
-        v["backing"] = json!({
-            "driver": "raw",
-            "file": { "driver": "file", "filename": utf8_path(backing, "disk backing file")? },
-        });
+    for (path, _) in disk.files() {
+        utf8_path(path, "disk")?;
     }
-    Ok(v)
+    let mut file = |p: &Path| json!({ "driver": "file", "filename": p.to_string_lossy() });
+    Ok(top_node(disk.block_node(&mut file), disk, node))
 }
 
-/// The image's format node for a disk handed over as fd sets: `top` for the
-/// image and `chain[i]` for the `i`th file below it (nearest first), each
-/// named so QEMU follows no backing name from a header.
-pub(super) fn passed_image_node(
-    disk: &DiskSpec,
-    node: &str,
-    top: FdSet,
-    chain: &[(DiskFormat, FdSet)],
-) -> Value {
-    let file = |set: FdSet| json!({ "driver": "file", "filename": set.path() });
-    let mut backing: Option<Value> = None;
-    for &(format, set) in chain.iter().rev() {
-        let mut v = json!({ "driver": format.as_str(), "read-only": true, "file": file(set) });
-        if let Some(b) = backing.take() {
-            v["backing"] = b;
-        }
-        backing = Some(v);
-    }
-    let mut v = json!({
-        "driver": disk.format.as_str(),
-        "node-name": node,
-        "discard": "unmap",
-        "read-only": disk.read_only,
-        "file": file(top),
-    });
-    if let Some(b) = backing {
-        v["backing"] = b;
-    }
+/// The image's format node for a disk handed over as fd sets, one per file
+/// of [`DiskSpec::files`] in that order.
+pub(super) fn passed_image_node(disk: &DiskSpec, node: &str, sets: &[FdSet]) -> Value {
+    let mut sets = sets.iter();
+    let mut file = |_: &Path| {
+        let set = sets.next().map(|s| s.path()).unwrap_or_default();
+        json!({ "driver": "file", "filename": set })
+    };
+    top_node(disk.block_node(&mut file), disk, node)
+}
+
+fn top_node(mut v: Value, disk: &DiskSpec, node: &str) -> Value {
+    v["node-name"] = json!(node);
+    v["discard"] = json!("unmap");
+    v["read-only"] = json!(disk.read_only);
     v
-}
-
-/// The files below `disk`: the explicit raw backing if it names one, else
-/// what the image headers name.
-fn chain_of(disk: &DiskSpec) -> Result<Vec<Link>, String> {
-    match &disk.backing {
-        Some(b) => Ok(vec![Link {
-            path: b.clone(),
-            format: DiskFormat::Raw,
-        }]),
-        None => backing_chain::below(&disk.path, disk.format),
-    }
 }
 
 /// The filter node the device is attached to, over image node `image`.
@@ -153,17 +123,15 @@ impl QemuInstance {
             ));
         }
         let new_node = image_node_name(self.image_nodes);
-        let chain = chain_of(&disk).map_err(|d| self.invalid("replace_disk", d))?;
-        let (top, below) = match self.pass_disk(&disk, &chain).await {
+        let files = self.open_disk(&disk)?;
+        let passed = match self.pass_files(files).await {
             Ok(sets) => sets,
             Err((e, passed)) => {
                 self.drop_fdsets(&passed).await;
                 return Err(e);
             }
         };
-        let mut passed: Vec<FdSet> = below.iter().map(|&(_, s)| s).collect();
-        passed.push(top);
-        let args = passed_image_node(&disk, &new_node, top, &below);
+        let args = passed_image_node(&disk, &new_node, &passed);
         let old_node = image_node_name(self.image_nodes - 1);
         if let Err(e) = self.qmp.blockdev_add(args).await {
             self.drop_fdsets(&passed).await;
@@ -182,42 +150,47 @@ impl QemuInstance {
         Ok(())
     }
 
-    /// Hands QEMU `disk` (writable unless read-only) and every file of
-    /// `chain` (read-only). On failure, also the sets passed so far.
-    async fn pass_disk(
-        &mut self,
-        disk: &DiskSpec,
-        chain: &[Link],
-    ) -> Result<(FdSet, Vec<(DiskFormat, FdSet)>), (VmmError, Vec<FdSet>)> {
-        let access = if disk.read_only {
-            Access::Read
-        } else {
-            Access::ReadWrite
-        };
-        let top = self
-            .pass_file("open the new disk", &disk.path, access)
-            .await
-            .map_err(|e| (e, vec![]))?;
-        let mut below = Vec::with_capacity(chain.len());
-        for link in chain {
-            match self
-                .pass_file("open the new disk's backing file", &link.path, Access::Read)
-                .await
-            {
-                Ok(set) => below.push((link.format, set)),
-                Err(e) => {
-                    let mut passed: Vec<FdSet> = below.iter().map(|&(_, s)| s).collect();
-                    passed.push(top);
-                    return Err((e, passed));
-                }
+    /// Opens every file of `disk` (the image writable unless read-only,
+    /// the files below it read-only) and checks each image's header from
+    /// the descriptor QEMU will get, so what is checked is what it opens.
+    fn open_disk(&self, disk: &DiskSpec) -> Result<Vec<File>, VmmError> {
+        let mut files = Vec::new();
+        for (i, (path, format)) in disk.files().enumerate() {
+            let access = if i == 0 && !disk.read_only {
+                Access::ReadWrite
+            } else {
+                Access::Read
+            };
+            let op = if i == 0 {
+                "open the new disk"
+            } else {
+                "open the new disk's backing file"
+            };
+            let file = fdset::open(path, access).map_err(|e| self.io(op, path, e))?;
+            disk_image::check(&file, path, format).map_err(|d| self.invalid("replace_disk", d))?;
+            files.push(file);
+        }
+        Ok(files)
+    }
+
+    /// Hands QEMU `files`, each in a set of its own. On failure, also the
+    /// sets passed so far.
+    async fn pass_files(&mut self, files: Vec<File>) -> Result<Vec<FdSet>, (VmmError, Vec<FdSet>)> {
+        let mut passed = Vec::with_capacity(files.len());
+        for file in files {
+            match self.pass_open_file(file).await {
+                Ok(set) => passed.push(set),
+                Err(e) => return Err((e, passed)),
             }
         }
-        Ok((top, below))
+        Ok(passed)
     }
 
     /// See [`crate::VmInstance::checkpoint_disk`]: the overlay is created
-    /// here over the current image (so its header names that image's real
-    /// path) and QEMU is given it as a descriptor.
+    /// here over the current image without opening it (`qemu-img create -u`:
+    /// its header names that image's real path, for people reading it) and
+    /// QEMU is given it as a descriptor. QEMU puts it over the current node
+    /// itself (`mode: existing`), following no name.
     pub(super) async fn checkpoint_disk_inner(&mut self, overlay: &Path) -> Result<(), VmmError> {
         let Some(current) = self.spec.disk.clone() else {
             return Err(self.invalid("checkpoint_disk", "the VM has no disk".into()));
@@ -255,30 +228,31 @@ impl QemuInstance {
             return Err(self.qmp_error("blockdev-snapshot-sync", e).await);
         }
         self.image_nodes += 1;
+        let mut backing = vec![BackingFile {
+            path: current.path,
+            format: current.format,
+        }];
+        backing.extend(current.backing);
         self.spec.disk = Some(DiskSpec {
             path: overlay.to_path_buf(),
             format: DiskFormat::Qcow2,
             read_only: false,
-            backing: None,
+            backing,
         });
         Ok(())
     }
 }
 
-/// `qemu-img create` of a qcow2 overlay over `current` (its own size).
+/// `qemu-img create -u` of a qcow2 overlay over `current`, of its size.
 async fn create_overlay(current: &DiskSpec, overlay: &Path) -> Result<(), String> {
+    let size = disk_image::virtual_size(&current.path, current.format)?;
     let out = tokio::process::Command::new("qemu-img")
-        .args([
-            "create",
-            "-q",
-            "-f",
-            "qcow2",
-            "-F",
-            current.format.as_str(),
-            "-b",
-        ])
+        .args(["create", "-q", "-u", "-f", "qcow2", "-F"])
+        .arg(current.format.as_str())
+        .arg("-b")
         .arg(&current.path)
         .arg(overlay)
+        .arg(size.to_string())
         .output()
         .await
         .map_err(|e| format!("cannot run qemu-img (install qemu-utils): {e}"))?;
@@ -304,17 +278,33 @@ mod tests {
             path: "/s/a,b.qcow2".into(),
             format: DiskFormat::Qcow2,
             read_only: false,
-            backing: None,
+            backing: vec![],
         };
         let v = image_node(&disk, "disk0-img-2").unwrap();
         assert_eq!(v["driver"], "qcow2");
         assert_eq!(v["node-name"], "disk0-img-2");
         assert_eq!(v["file"]["filename"], "/s/a,b.qcow2");
-        assert!(v.get("backing").is_none());
-        disk.backing = Some("/t/disk.raw".into());
+        // Alone: said so, or QEMU would follow the header's name.
+        assert!(v["backing"].is_null() && v.get("backing").is_some());
+        disk.backing = vec![
+            BackingFile {
+                path: "/c/layer.qcow2".into(),
+                format: DiskFormat::Qcow2,
+            },
+            BackingFile::raw("/t/disk.raw".into()),
+        ];
         let v = image_node(&disk, "n").unwrap();
-        assert_eq!(v["backing"]["driver"], "raw");
-        assert_eq!(v["backing"]["file"]["filename"], "/t/disk.raw");
+        assert_eq!(v["backing"]["driver"], "qcow2");
+        assert_eq!(v["backing"]["file"]["filename"], "/c/layer.qcow2");
+        assert_eq!(v["backing"]["backing"]["driver"], "raw");
+        assert_eq!(v["backing"]["backing"]["file"]["filename"], "/t/disk.raw");
+        assert!(v["backing"]["backing"].get("backing").is_none());
+        let sets = [FdSet(4), FdSet(5), FdSet(6)];
+        let v = passed_image_node(&disk, "m", &sets);
+        assert_eq!(v["node-name"], "m");
+        assert_eq!(v["file"]["filename"], "/dev/fdset/4");
+        assert_eq!(v["backing"]["file"]["filename"], "/dev/fdset/5");
+        assert_eq!(v["backing"]["backing"]["file"]["filename"], "/dev/fdset/6");
         assert_eq!(filter_node("n", true)["file"], "n");
         assert_eq!(image_node_name(0), "disk0-img");
         assert_eq!(image_node_name(3), "disk0-img-3");

@@ -25,7 +25,7 @@ use crate::VmmError;
 pub(super) enum Access {
     Read,
     ReadWrite,
-    /// Created (or emptied) for writing, mode 0600 under the server's umask.
+    /// Created (or emptied) for writing, mode 0600.
     CreateWrite,
 }
 
@@ -51,6 +51,12 @@ impl QemuInstance {
         access: Access,
     ) -> Result<FdSet, VmmError> {
         let file = open(path, access).map_err(|e| self.io(op, path, e))?;
+        self.pass_open_file(file).await
+    }
+
+    /// Hands QEMU `file`, opened (and checked) by the caller, in a set of
+    /// its own.
+    pub(super) async fn pass_open_file(&mut self, file: File) -> Result<FdSet, VmmError> {
         let id = qmp!(self, "add-fd", self.qmp.add_fd(file.as_fd()));
         Ok(FdSet(id))
     }
@@ -66,12 +72,13 @@ impl QemuInstance {
     }
 }
 
-fn open(path: &Path, access: Access) -> std::io::Result<File> {
+pub(super) fn open(path: &Path, access: Access) -> std::io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
     let mut o = OpenOptions::new();
     match access {
         Access::Read => o.read(true),
         Access::ReadWrite => o.read(true).write(true),
-        Access::CreateWrite => o.write(true).create(true).truncate(true),
+        Access::CreateWrite => o.write(true).create(true).truncate(true).mode(0o600),
     };
     o.open(path)
 }
@@ -92,6 +99,8 @@ mod tests {
         let p = d.path().join("f");
         let w = open(&p, Access::CreateWrite).unwrap();
         assert_eq!(access_mode(&w), libc::O_WRONLY);
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(w.metadata().unwrap().permissions().mode() & 0o777, 0o600);
         assert_eq!(
             access_mode(&open(&p, Access::Read).unwrap()),
             libc::O_RDONLY

@@ -202,6 +202,14 @@ impl Vmm for QemuVmm {
 
     async fn spawn(&self, spec: &LaunchSpec) -> Result<Box<dyn VmInstance>, VmmError> {
         spec.validate()?;
+        if let Some(disk) = &spec.disk {
+            // QEMU opens these by path as root, before it drops to its user.
+            disk.check_images()
+                .map_err(|detail| VmmError::InvalidSpec {
+                    id: spec.id.clone(),
+                    detail,
+                })?;
+        }
         let io = |op, path: &Path, source| VmmError::Io {
             id: spec.id.clone(),
             op,
@@ -339,7 +347,6 @@ macro_rules! qmp {
     };
 }
 
-mod backing_chain;
 mod disk;
 mod fdset;
 mod save_changed;

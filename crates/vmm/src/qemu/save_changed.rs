@@ -97,9 +97,17 @@ impl QemuInstance {
     /// file beside `state` (removed again), handed to QEMU as a descriptor.
     async fn save_devices(&mut self, state: &Path) -> Result<Vec<u8>, VmmError> {
         let path = devices_path(state);
-        let set = self
+        let passed = self
             .pass_file("create the device state file", &path, Access::CreateWrite)
-            .await?;
+            .await;
+        let set = match passed {
+            Ok(set) => set,
+            Err(e) => {
+                // Created before QEMU refused the descriptor.
+                let _ = std::fs::remove_file(&path);
+                return Err(e);
+            }
+        };
         let saved = self.qmp.xen_save_devices_state(&set.path()).await;
         self.drop_fdsets(&[set]).await;
         if let Err(e) = saved {

@@ -125,7 +125,6 @@ async fn resume_once(
         egress: siesta_net::EgressPolicy::default(),
         mounts: Vec::new(),
         volumes: None,
-        disk_backing: None,
     };
     Ok(resume::from_template(node, pool, tpl, &params).await?)
 }
