@@ -21,6 +21,7 @@ from e2b import Sandbox
 from vmm_proc import open_files, qemu_of, status
 
 VMM_UID_BASE = 1_900_000_000
+VMM_USERS_LOCK = "/run/siesta/vmm-users.lock"
 
 
 def _guest_ram_file(pid: int, home: Path) -> Path:
@@ -79,6 +80,10 @@ def test_a_compromised_vmm_reaches_nothing_of_the_node(siesta, attack):
         assert uid_a >= VMM_UID_BASE and uid_b >= VMM_UID_BASE, (uid_a, uid_b)
         attack("two VMMs sharing one user", uid_a == uid_b)
         assert uid_a != uid_b
+        # Each holds the host-wide lock on its uid, so no other siesta
+        # process of the host (a CLI build, a bench) hands it out meanwhile.
+        for pid in (qa, qb):
+            assert Path(VMM_USERS_LOCK) in open_files(pid), f"QEMU {pid} holds no uid lock"
 
         home = siesta.home
         b_disk = open_files(qb, ".qcow2")

@@ -12,23 +12,47 @@
 //!
 //! The uids come from a range that no distribution or systemd hands out by
 //! default (systemd leaves 1879048192..2147483647 unused), starting at
-//! [`DEFAULT_UID_BASE`]. A uid returns to the range when its process has
-//! been reaped, never before, so two live VMMs never share one.
+//! [`DEFAULT_UID_BASE`].
+//!
+//! Two live VMMs never share a uid, on the whole host: a server and a
+//! `siesta template build` or `siesta bench` beside it draw from the same
+//! range. Each uid taken is locked in one lock file of the host
+//! ([`DEFAULT_LOCK_FILE`]): an open-file-description lock on the byte at
+//! offset `uid`, taken on a descriptor of its own that QEMU inherits, so
+//! the lock lasts as long as the longer-lived of the server's lease and
+//! the QEMU process (a VMM left running by a killed server keeps its uid).
+//! Uids are handed out round-robin rather than lowest-free, so what a VMM
+//! left behind in world-writable places (`/tmp`, `/dev/shm`) is not the
+//! very next VMM's to read.
 
 use std::collections::BTreeSet;
+use std::fs::File;
+use std::os::fd::{AsRawFd, RawFd};
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 /// The first uid handed to a VMM by default.
 pub const DEFAULT_UID_BASE: u32 = 1_900_000_000;
 /// How many uids the range holds by default: more VMMs than one node runs.
 pub const DEFAULT_UID_COUNT: u32 = 65_536;
+/// The host's lock file for VMM uids (root's, on tmpfs: a reboot frees all).
+pub const DEFAULT_LOCK_FILE: &str = "/run/siesta/vmm-users.lock";
 
 /// The range VMM users are drawn from, and which of them are taken.
 #[derive(Debug)]
 pub struct VmmUsers {
     base: u32,
     count: u32,
-    taken: Mutex<BTreeSet<u32>>,
+    lock_file: PathBuf,
+    state: Mutex<Taken>,
+}
+
+#[derive(Debug, Default)]
+struct Taken {
+    /// Uids this process has handed out and not had back.
+    uids: BTreeSet<u32>,
+    /// Where the next search starts (an offset into the range).
+    next: u32,
 }
 
 /// One VMM's user, taken from [`VmmUsers`] until dropped.
@@ -36,6 +60,8 @@ pub struct VmmUsers {
 pub struct VmmUser {
     uid: u32,
     users: Arc<VmmUsers>,
+    /// Holds the host-wide lock on `uid`; QEMU inherits a copy.
+    lock: File,
 }
 
 impl VmmUsers {
@@ -48,7 +74,18 @@ impl VmmUsers {
         Some(Arc::new(VmmUsers {
             base,
             count,
-            taken: Mutex::new(BTreeSet::new()),
+            lock_file: PathBuf::from(DEFAULT_LOCK_FILE),
+            state: Mutex::new(Taken::default()),
+        }))
+    }
+
+    /// The same range, locked in `lock_file` instead of the host's
+    /// [`DEFAULT_LOCK_FILE`] (tests).
+    pub fn with_lock_file(base: u32, count: u32, lock_file: PathBuf) -> Option<Arc<Self>> {
+        let users = Self::new(base, count)?;
+        Some(Arc::new(VmmUsers {
+            lock_file,
+            ..Arc::into_inner(users)?
         }))
     }
 
@@ -57,16 +94,34 @@ impl VmmUsers {
         Self::new(DEFAULT_UID_BASE, DEFAULT_UID_COUNT).expect("the default range is valid")
     }
 
-    /// The lowest free uid, or `None` when every one is taken.
-    pub fn take(self: &Arc<Self>) -> Option<VmmUser> {
-        let mut taken = self.taken.lock().unwrap_or_else(|p| p.into_inner());
-        let offset = (0..self.count).find(|o| !taken.contains(&(self.base + o)))?;
-        let uid = self.base + offset;
-        taken.insert(uid);
-        Some(VmmUser {
-            uid,
-            users: Arc::clone(self),
-        })
+    /// The next uid after the last one handed out that no VMM of this
+    /// host holds, locked until the returned user is dropped and the
+    /// process that inherited its lock has exited.
+    pub fn take(self: &Arc<Self>) -> Result<VmmUser, String> {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        for i in 0..self.count {
+            let offset = (state.next + i) % self.count;
+            let uid = self.base + offset;
+            if state.uids.contains(&uid) {
+                continue;
+            }
+            let Some(lock) = lock_uid(&self.lock_file, uid)? else {
+                continue; // another siesta process's VMM runs as it
+            };
+            state.uids.insert(uid);
+            state.next = (offset + 1) % self.count;
+            return Ok(VmmUser {
+                uid,
+                users: Arc::clone(self),
+                lock,
+            });
+        }
+        Err(format!(
+            "all {} VMM users of this host are taken ({} by this process): \
+             no VMM can start until one exits",
+            self.count,
+            state.uids.len()
+        ))
     }
 
     /// Users and groups of the host (`/etc/passwd`, `/etc/group`) whose ids
@@ -79,9 +134,50 @@ impl VmmUsers {
         found
     }
 
-    /// How many uids are taken now.
+    /// How many uids this process has taken now.
     pub fn in_use(&self) -> usize {
-        self.taken.lock().unwrap_or_else(|p| p.into_inner()).len()
+        self.state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .uids
+            .len()
+    }
+}
+
+/// Locks byte `uid` of `lock_file` on a descriptor of its own; `None` if
+/// another open file description holds it.
+fn lock_uid(lock_file: &Path, uid: u32) -> Result<Option<File>, String> {
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    let ctx = |what: &str, e: std::io::Error| format!("{what} {}: {e}", lock_file.display());
+    if let Some(dir) = lock_file.parent() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| ctx("creating the directory of", e))?;
+    }
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(lock_file)
+        .map_err(|e| ctx("opening", e))?;
+    // SAFETY: an all-zero `flock` is a valid value of the plain C struct.
+    let mut range: libc::flock = unsafe { std::mem::zeroed() };
+    range.l_type = libc::F_WRLCK as libc::c_short;
+    range.l_whence = libc::SEEK_SET as libc::c_short;
+    range.l_start = libc::off_t::from(uid);
+    range.l_len = 1;
+    // SAFETY: F_OFD_SETLK on a descriptor `file` owns, with a valid struct.
+    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLK, &range) } == 0 {
+        return Ok(Some(file));
+    }
+    let e = std::io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::EAGAIN) | Some(libc::EACCES) => Ok(None),
+        _ => Err(ctx(&format!("locking uid {uid} in"), e)),
     }
 }
 
@@ -112,12 +208,19 @@ impl VmmUser {
     pub fn runas_arg(&self) -> String {
         format!("{}:{}", self.uid(), self.gid())
     }
+
+    /// The descriptor holding the host-wide lock on the uid: the VMM
+    /// process inherits it (its close-on-exec flag cleared in the child),
+    /// so the uid stays locked while that process lives.
+    pub fn lock_fd(&self) -> RawFd {
+        self.lock.as_raw_fd()
+    }
 }
 
 impl Drop for VmmUser {
     fn drop(&mut self) {
-        let mut taken = self.users.taken.lock().unwrap_or_else(|p| p.into_inner());
-        taken.remove(&self.uid);
+        let mut state = self.users.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.uids.remove(&self.uid);
     }
 }
 
@@ -125,19 +228,54 @@ impl Drop for VmmUser {
 mod tests {
     use super::*;
 
+    fn users(dir: &Path, base: u32, count: u32) -> Arc<VmmUsers> {
+        VmmUsers::with_lock_file(base, count, dir.join("run/vmm-users.lock")).unwrap()
+    }
+
     #[test]
-    fn live_users_never_share_a_uid_and_a_dropped_one_is_reused() {
-        let users = VmmUsers::new(5000, 3).unwrap();
+    fn live_users_never_share_a_uid_and_uids_go_round() {
+        let d = tempfile::tempdir().unwrap();
+        let users = users(d.path(), 5000, 3);
         let a = users.take().unwrap();
         let b = users.take().unwrap();
         let c = users.take().unwrap();
         assert_eq!([a.uid(), b.uid(), c.uid()], [5000, 5001, 5002]);
-        assert!(users.take().is_none(), "the range is exhausted");
+        let e = users.take().unwrap_err();
+        assert!(e.contains("all 3 VMM users"), "{e}");
         drop(b);
         assert_eq!(users.in_use(), 2);
-        let d = users.take().unwrap();
-        assert_eq!(d.uid(), 5001);
-        assert_eq!(d.runas_arg(), "5001:5001");
+        let d2 = users.take().unwrap();
+        assert_eq!(d2.uid(), 5001);
+        assert_eq!(d2.runas_arg(), "5001:5001");
+        drop((a, c));
+        // Round-robin: after 5001 comes 5002, not the lowest free 5000.
+        assert_eq!(users.take().unwrap().uid(), 5002);
+    }
+
+    #[test]
+    fn two_processes_of_one_host_never_share_a_uid() {
+        let d = tempfile::tempdir().unwrap();
+        // Two `VmmUsers` over one lock file stand for two siesta processes
+        // (each opens the file anew, so each holds its own description).
+        let server = users(d.path(), 7000, 4);
+        let build = users(d.path(), 7000, 4);
+        let s1 = server.take().unwrap();
+        let b1 = build.take().unwrap();
+        let s2 = server.take().unwrap();
+        let b2 = build.take().unwrap();
+        let mut uids = vec![s1.uid(), b1.uid(), s2.uid(), b2.uid()];
+        uids.sort_unstable();
+        uids.dedup();
+        assert_eq!(uids.len(), 4, "a uid was handed out twice");
+        assert!(build.take().is_err() && server.take().is_err());
+        // A lock survives in a process that inherited it: here, a
+        // duplicate of the descriptor outliving the lease.
+        let inherited = s1.lock.try_clone().unwrap();
+        let uid = s1.uid();
+        drop(s1);
+        assert!(build.take().is_err(), "uid {uid} went while still held");
+        drop(inherited);
+        assert_eq!(build.take().unwrap().uid(), uid);
     }
 
     #[test]
@@ -157,6 +295,7 @@ mod tests {
     #[test]
     fn ranges_that_hold_root_or_minus_one_are_refused() {
         assert!(VmmUsers::new(0, 10).is_none());
+        assert!(VmmUsers::with_lock_file(0, 10, "/x".into()).is_none());
         assert!(VmmUsers::new(10, 0).is_none());
         assert!(VmmUsers::new(u32::MAX - 10, 10).is_none());
         assert!(VmmUsers::new(u32::MAX - 10, 9).is_some());

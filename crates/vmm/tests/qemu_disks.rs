@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use siesta_vmm::qemu::QemuVmm;
-use siesta_vmm::vmm_users::{VmmUsers, DEFAULT_UID_BASE};
+use siesta_vmm::vmm_users::{VmmUsers, DEFAULT_LOCK_FILE, DEFAULT_UID_BASE};
 use siesta_vmm::{
     AccelChoice, BackingFile, DiskFormat, DiskSpec, LaunchMode, LaunchSpec, MemoryBacking,
     VmInstance, Vmm,
@@ -134,6 +134,8 @@ fn assert_unprivileged(vm: &dyn VmInstance, as_root: bool) {
         .and_then(|u| u.parse().ok())
         .unwrap();
     assert!(uid >= DEFAULT_UID_BASE, "QEMU runs as uid {uid}");
+    // It holds the host-wide lock on its uid for as long as it lives.
+    assert!(holds_open(vm.pid(), Path::new(DEFAULT_LOCK_FILE)));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

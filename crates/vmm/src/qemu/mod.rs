@@ -242,12 +242,9 @@ impl Vmm for QemuVmm {
             Err(e) => return Err(io("remove stale QMP socket", &sock, e)),
         }
         let user = match &self.users {
-            Some(users) => Some(users.take().ok_or_else(|| VmmError::InvalidSpec {
+            Some(users) => Some(users.take().map_err(|detail| VmmError::InvalidSpec {
                 id: spec.id.clone(),
-                detail: format!(
-                    "all {} VMM users are taken: no VMM can start until one exits",
-                    users.in_use()
-                ),
+                detail,
             })?),
             None => None,
         };
