@@ -13,6 +13,7 @@ signalling the other sandbox's QEMU. Each must fail.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -84,6 +85,13 @@ def test_a_compromised_vmm_reaches_nothing_of_the_node(siesta, attack):
         # process of the host (a CLI build, a bench) hands it out meanwhile.
         for pid in (qa, qb):
             assert Path(VMM_USERS_LOCK) in open_files(pid), f"QEMU {pid} holds no uid lock"
+        # Each is chrooted into an empty directory: even what any user of
+        # the host may read (/etc/passwd, the kernel's config) has no path.
+        for pid in (qa, qb):
+            root = Path(os.readlink(f"/proc/{pid}/root"))
+            attack("a VMM opens a world-readable host file by path", root == Path("/"))
+            assert root == Path(VMM_USERS_LOCK).with_name("vmm-root"), root
+            assert not any(root.iterdir()), f"{root} is not empty"
 
         home = siesta.home
         b_disk = open_files(qb, ".qcow2")

@@ -103,12 +103,10 @@ pub async fn run(cmd: TemplateCommand) -> anyhow::Result<ExitCode> {
             let mut force = force;
             if if_missing {
                 if let Ok(t) = template::Template::open(&config.layout(), &name) {
-                    if !booted_from_older_assets(&config, &t) {
+                    let Some(why) = stale(&config, &t) else {
                         return complete_existing(config, t).await;
-                    }
-                    println!(
-                        "template {name} was booted from an older guest kernel, initramfs or agent: rebuilding it"
-                    );
+                    };
+                    println!("template {name} {why}: rebuilding it");
                     force = true;
                 }
             }
@@ -427,6 +425,17 @@ fn list(config: &NodeConfig, json: bool) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// Why `--if-missing` rebuilds an existing template, if it does: it was
+/// frozen with another device set than VMMs get now (no VMM could restore
+/// it), or booted from older guest assets.
+fn stale(config: &NodeConfig, t: &template::Template) -> Option<&'static str> {
+    if t.record.vmm.devices != siesta_vmm::DEVICE_SET {
+        return Some("was frozen with another set of devices than VMMs have now");
+    }
+    booted_from_older_assets(config, t)
+        .then_some("was booted from an older guest kernel, initramfs or agent")
 }
 
 /// Whether `t`, a template booted straight from the guest assets (not one

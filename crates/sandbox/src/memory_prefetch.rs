@@ -153,6 +153,7 @@ mod tests {
                 version: "test".into(),
                 machine: "q35".into(),
                 accel: siesta_vmm::Accel::Tcg,
+                devices: siesta_vmm::DEVICE_SET,
             },
             kernel: String::new(),
             kernel_cmdline: String::new(),

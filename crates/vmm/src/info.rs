@@ -15,7 +15,17 @@ pub struct VmmInfo {
     /// would silently mean another machine after a VMM upgrade).
     pub machine: String,
     pub accel: Accel,
+    /// siesta's number for the set of devices it gives the machine (see
+    /// [`DEVICE_SET`]); 0 in records written before it was kept.
+    #[serde(default)]
+    pub devices: u32,
 }
+
+/// The device set VMMs are started with now. 1: q35's vmport, SMBus and
+/// AHCI controller turned off (nothing a guest needs; each is attack
+/// surface). A snapshot holds the state of the devices it was frozen with,
+/// so one of another set cannot be restored: the template is rebuilt.
+pub const DEVICE_SET: u32 = 1;
 
 impl VmmInfo {
     /// Ok if a snapshot recorded as `recorded` can be restored by `self`.
@@ -37,6 +47,13 @@ impl VmmInfo {
         cmp("version", &recorded.version, &self.version);
         cmp("machine", &recorded.machine, &self.machine);
         cmp("accelerator", recorded.accel.as_str(), self.accel.as_str());
+        if recorded.devices != self.devices {
+            differences.push(format!(
+                "device set: snapshot has {}, this host has {} (siesta changed the \
+                 machine's devices since it was frozen: rebuild it)",
+                recorded.devices, self.devices
+            ));
+        }
         if differences.is_empty() {
             Ok(())
         } else {
@@ -55,6 +72,7 @@ mod tests {
             version: "QEMU emulator version 7.2.22".into(),
             machine: "pc-q35-7.2".into(),
             accel: Accel::Tcg,
+            devices: DEVICE_SET,
         }
     }
 
@@ -68,6 +86,12 @@ mod tests {
         assert!(e.contains("machine") && e.contains("pc-q35-8.0"), "{e}");
         assert!(e.contains("accelerator") && e.contains("kvm"), "{e}");
         assert!(!e.contains("version"), "{e}");
+        // A record from before the device set was kept reads as set 0.
+        let mut j = serde_json::to_value(info()).unwrap();
+        j.as_object_mut().unwrap().remove("devices");
+        let old: VmmInfo = serde_json::from_value(j).unwrap();
+        let e = info().check_compatible(&old).unwrap_err().to_string();
+        assert!(e.contains("device set") && e.contains("rebuild"), "{e}");
     }
 
     #[test]

@@ -27,7 +27,7 @@ pub mod vmm_users;
 pub use accel::{Accel, AccelChoice};
 pub use cgroup::{CgroupLimits, Cgroups, VmCgroup};
 pub use error::VmmError;
-pub use info::VmmInfo;
+pub use info::{VmmInfo, DEVICE_SET};
 pub use spec::{BackingFile, DiskFormat, DiskSpec, LaunchMode, LaunchSpec, MemoryBacking, NetSpec};
 pub use vmm_users::{VmmUser, VmmUsers};
 

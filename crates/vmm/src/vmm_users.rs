@@ -7,8 +7,10 @@
 //! with a group of the same number and no other groups, and none of them
 //! has a passwd entry: a guest that breaks into its QEMU holds no
 //! capability, cannot signal or `ptrace` another sandbox's QEMU, and can
-//! open only what is readable by everyone (the home is 0700 root, so
-//! nothing of siesta's).
+//! open nothing of siesta's (the home is 0700 root). As it drops it is also
+//! `chroot`ed into an empty directory beside the lock file (`vmm-root`),
+//! so not even what every user of the host may read has a path it can
+//! open.
 //!
 //! The uids come from a range that no distribution or systemd hands out by
 //! default (systemd leaves 1879048192..2147483647 unused), starting at
@@ -37,6 +39,8 @@ pub const DEFAULT_UID_BASE: u32 = 1_900_000_000;
 pub const DEFAULT_UID_COUNT: u32 = 65_536;
 /// The host's lock file for VMM uids (root's, on tmpfs: a reboot frees all).
 pub const DEFAULT_LOCK_FILE: &str = "/run/siesta/vmm-users.lock";
+/// The empty directory a VMM is `chroot`ed into, beside the lock file.
+const ROOT_DIR_NAME: &str = "vmm-root";
 
 /// The range VMM users are drawn from, and which of them are taken.
 #[derive(Debug)]
@@ -99,6 +103,7 @@ impl VmmUsers {
     /// process that inherited its lock has exited.
     pub fn take(self: &Arc<Self>) -> Result<VmmUser, String> {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        make_empty_root(&self.root_dir())?;
         for i in 0..self.count {
             let offset = (state.next + i) % self.count;
             let uid = self.base + offset;
@@ -134,6 +139,11 @@ impl VmmUsers {
         found
     }
 
+    /// The empty directory VMMs are `chroot`ed into (made by [`Self::take`]).
+    pub fn root_dir(&self) -> PathBuf {
+        self.lock_file.with_file_name(ROOT_DIR_NAME)
+    }
+
     /// How many uids this process has taken now.
     pub fn in_use(&self) -> usize {
         self.state
@@ -142,6 +152,40 @@ impl VmmUsers {
             .uids
             .len()
     }
+}
+
+/// Makes `dir` an empty directory nobody but root can write, or checks
+/// that it is one.
+fn make_empty_root(dir: &Path) -> Result<(), String> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    let ctx = |what: &str, e: std::io::Error| format!("{what} {}: {e}", dir.display());
+    match std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o555)
+        .create(dir)
+    {
+        Ok(()) => {}
+        Err(e) => return Err(ctx("creating", e)),
+    }
+    let meta = std::fs::symlink_metadata(dir).map_err(|e| ctx("reading", e))?;
+    let empty = std::fs::read_dir(dir)
+        .map_err(|e| ctx("listing", e))?
+        .next()
+        .is_none();
+    let foreign_writable = meta.permissions().mode() & 0o022 != 0 || meta.uid() != own_uid();
+    if !meta.is_dir() || !empty || foreign_writable {
+        return Err(format!(
+            "{} must be an empty directory only root can write (VMMs are chrooted there)",
+            dir.display()
+        ));
+    }
+    Ok(())
+}
+
+/// The uid this process runs as (the owner of what it creates).
+fn own_uid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
 }
 
 /// Locks byte `uid` of `lock_file` on a descriptor of its own; `None` if
@@ -207,6 +251,14 @@ impl VmmUser {
     /// QEMU's `-runas` argument.
     pub fn runas_arg(&self) -> String {
         format!("{}:{}", self.uid(), self.gid())
+    }
+
+    /// Who QEMU becomes: this user, in the empty root directory.
+    pub fn run_as(&self) -> crate::qemu::cmdline::RunAs {
+        crate::qemu::cmdline::RunAs {
+            user: self.runas_arg(),
+            root: self.users.root_dir(),
+        }
     }
 
     /// The descriptor holding the host-wide lock on the uid: the VMM

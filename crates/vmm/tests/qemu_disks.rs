@@ -136,6 +136,12 @@ fn assert_unprivileged(vm: &dyn VmInstance, as_root: bool) {
     assert!(uid >= DEFAULT_UID_BASE, "QEMU runs as uid {uid}");
     // It holds the host-wide lock on its uid for as long as it lives.
     assert!(holds_open(vm.pid(), Path::new(DEFAULT_LOCK_FILE)));
+    // And it is chrooted into an empty directory: no path opens anything.
+    let root = std::fs::read_link(format!("/proc/{}/root", vm.pid())).unwrap();
+    assert_eq!(
+        root,
+        Path::new(DEFAULT_LOCK_FILE).with_file_name("vmm-root")
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

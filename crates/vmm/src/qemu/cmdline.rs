@@ -27,6 +27,16 @@ const DISK_ADDR: &str = "0x3";
 const NET_ADDR: &str = "0x4";
 const RNG_ADDR: &str = "0x5";
 
+/// Who QEMU becomes once it has opened its command line: `-runas` this
+/// user (`uid:gid`), after `-chroot` into `root`, an empty directory, so
+/// that it can open no file by path at all (everything later reaches it
+/// as a descriptor, [`super::fdset`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunAs {
+    pub user: String,
+    pub root: std::path::PathBuf,
+}
+
 /// Builds QEMU's argv (without the program name).
 ///
 /// `machine` should be a versioned machine type (e.g. `pc-q35-7.2`), see
@@ -34,16 +44,20 @@ const RNG_ADDR: &str = "0x5";
 /// restored under QEMU 7.2 did not run on (platform facts). With `runas`
 /// (`uid:gid`), QEMU drops to that user once it has opened what the command
 /// line names (see [`crate::vmm_users`]).
+/// The q35 devices turned off in device set 1.
+const DEVICES_OFF: &str = "vmport=off,smbus=off,sata=off";
+
 pub fn build_argv(
     spec: &LaunchSpec,
     accel: Accel,
     machine: &str,
-    runas: Option<&str>,
+    runas: Option<&RunAs>,
 ) -> Vec<OsString> {
     let mut a = Argv::default();
     a.pair("-name", opt("guest=", OsStr::new(&spec.id)));
     a.pair("-accel", accel.as_str());
-    a.pair("-machine", machine);
+    // q35's built-ins no guest of siesta uses, off (`crate::DEVICE_SET`).
+    a.pair("-machine", format!("{machine},{DEVICES_OFF}"));
     // TCG: `max` emulates every feature QEMU can. KVM: the host's CPU model.
     a.pair(
         "-cpu",
@@ -66,9 +80,10 @@ pub fn build_argv(
     // into it is still held by the filter (under TCG, where QEMU is the
     // only boundary, most of all).
     match runas {
-        Some(user) => {
+        Some(run) => {
             a.pair("-sandbox", SANDBOX_RUNAS);
-            a.pair("-runas", user);
+            a.pair("-runas", &run.user);
+            a.pair("-chroot", run.root.as_os_str());
         }
         None => a.pair("-sandbox", SANDBOX),
     }
@@ -219,7 +234,10 @@ mod tests {
     fn boot_argv_has_every_required_piece() {
         let argv = strs(&build_argv(&spec(), Accel::Tcg, "pc-q35-7.2", None));
         assert_eq!(value_of(&argv, "-accel"), ["tcg"]);
-        assert_eq!(value_of(&argv, "-machine"), ["pc-q35-7.2"]);
+        assert_eq!(
+            value_of(&argv, "-machine"),
+            ["pc-q35-7.2,vmport=off,smbus=off,sata=off"]
+        );
         assert_eq!(value_of(&argv, "-sandbox"), [SANDBOX]);
         assert_eq!(value_of(&argv, "-cpu"), ["max"]);
         assert_eq!(value_of(&argv, "-m"), ["512M"]);
@@ -256,9 +274,13 @@ mod tests {
             &spec(),
             Accel::Tcg,
             "pc-q35-7.2",
-            Some("1900000003:1900000003"),
+            Some(&RunAs {
+                user: "1900000003:1900000003".into(),
+                root: "/run/siesta/vmm-root".into(),
+            }),
         ));
         assert_eq!(value_of(&argv, "-runas"), ["1900000003:1900000003"]);
+        assert_eq!(value_of(&argv, "-chroot"), ["/run/siesta/vmm-root"]);
         assert_eq!(value_of(&argv, "-sandbox"), [SANDBOX_RUNAS]);
         assert_eq!(
             SANDBOX.replace("elevateprivileges=deny", "elevateprivileges=allow"),

@@ -101,6 +101,7 @@ impl QemuVmm {
                 version,
                 machine,
                 accel,
+                devices: crate::info::DEVICE_SET,
             },
             kernel_stubs: None,
             cgroups: None,
@@ -252,7 +253,7 @@ impl Vmm for QemuVmm {
             &self.launched_spec(spec),
             self.info.accel,
             &self.info.machine,
-            user.as_ref().map(|u| u.runas_arg()).as_deref(),
+            user.as_ref().map(|u| u.run_as()).as_ref(),
         );
         tracing::debug!(vm = %spec.id, ?argv, "spawning QEMU");
         let netns = spec.net.as_ref().and_then(|n| n.netns.as_deref());
