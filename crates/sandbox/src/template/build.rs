@@ -260,7 +260,8 @@ async fn freeze_into(
 
 /// Has the build VM's agent answer one `/init` before the VM is frozen:
 /// the template's defaults `guest` (so the frozen agent already has them),
-/// the clock, entropy, no token. The code every resume's `agent_init` runs
+/// the clock, entropy, and no token (a build's token is cleared: `client`
+/// presents it). The code every resume's `agent_init` runs
 /// has then run once in the frozen guest, and each resume finds it where
 /// that run left it instead of faulting it in: half the stage
 /// (`siesta bench resume --compare templates`, docs/benchmarks.md). Each
@@ -269,8 +270,27 @@ pub(super) async fn init_before_freeze(
     client: &crate::envd::EnvdClient,
     guest: &crate::sandbox::GuestDefaults,
 ) -> Result<()> {
-    let params = crate::envd::InitParams::new(None, std::collections::HashMap::new(), guest);
+    // An empty token clears the agent's; `None` would leave it as it is.
+    let params =
+        crate::envd::InitParams::new(Some(String::new()), std::collections::HashMap::new(), guest);
     client.init(&params).await
+}
+
+/// Gives a build VM's agent a token of its own before any step runs, so
+/// nothing else on the host (the slot's address answers there) can drive
+/// it; returns the client that presents it. [`init_before_freeze`] clears
+/// it again, so the template is frozen without one.
+pub(super) async fn claim_build_agent(
+    node: &Node,
+    id: &str,
+    slot: &siesta_net::Slot,
+    guest: &crate::sandbox::GuestDefaults,
+) -> Result<crate::envd::EnvdClient> {
+    let token = crate::ids::new_token();
+    let params =
+        crate::envd::InitParams::new(Some(token.clone()), std::collections::HashMap::new(), guest);
+    node.envd_client(id, slot, None).init(&params).await?;
+    Ok(node.envd_client(id, slot, Some(token)))
 }
 
 /// Stops the booted VM, saves its device state to `state` (RAM stays in

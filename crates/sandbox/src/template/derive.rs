@@ -13,7 +13,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::base::Base;
-use super::build::{boot_spec, boot_until_healthy, freeze, init_before_freeze, VmSize};
+use super::build::{
+    boot_spec, boot_until_healthy, claim_build_agent, freeze, init_before_freeze, VmSize,
+};
 use super::layered::LayeredDisk;
 use super::publish::publish_off_thread;
 use super::record::{
@@ -158,20 +160,27 @@ async fn assemble(
         &BuildPhase::Base,
         &format!("VM booted in {:.1} s", started.elapsed().as_secs_f64()),
     );
-    let client = node.envd_client(&id, &booted.1, None);
     let mut ctx = layers.context();
-    let ran = run_all(
-        &client,
-        booted.0.as_mut(),
-        &mut layers,
-        build,
-        reused,
-        &mut ctx,
-        log,
-    )
-    .await;
+    let guest = GuestDefaults {
+        user: ctx.user.clone(),
+        workdir: ctx.workdir.clone(),
+    };
+    let ran = match claim_build_agent(node, &id, &booted.1, &guest).await {
+        Ok(client) => run_all(
+            &client,
+            booted.0.as_mut(),
+            &mut layers,
+            build,
+            reused,
+            &mut ctx,
+            log,
+        )
+        .await
+        .map(|()| client),
+        Err(e) => Err(failed(build, BuildPhase::Base, e)),
+    };
     let ran = match ran {
-        Ok(()) => finalize(&client, build, &ctx, log).await,
+        Ok(client) => finalize(&client, build, &ctx, log).await,
         Err(e) => Err(e),
     };
     if let Err(e) = ran {
