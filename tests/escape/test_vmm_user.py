@@ -81,10 +81,13 @@ def test_a_compromised_vmm_reaches_nothing_of_the_node(siesta, attack):
         assert uid_a >= VMM_UID_BASE and uid_b >= VMM_UID_BASE, (uid_a, uid_b)
         attack("two VMMs sharing one user", uid_a == uid_b)
         assert uid_a != uid_b
-        # Each holds the host-wide lock on its uid, so no other siesta
-        # process of the host (a CLI build, a bench) hands it out meanwhile.
+        # The server holds the host-wide lock on each uid (so no other
+        # siesta process of the host hands it out meanwhile); a QEMU with a
+        # descriptor of it could unlock its uid, or lock every other.
         for pid in (qa, qb):
-            assert Path(VMM_USERS_LOCK) in open_files(pid), f"QEMU {pid} holds no uid lock"
+            held = Path(VMM_USERS_LOCK) in open_files(pid)
+            attack("a VMM holds the host's uid lock file", held)
+            assert not held, f"QEMU {pid} holds {VMM_USERS_LOCK}"
         # Each is chrooted into an empty directory: even what any user of
         # the host may read (/etc/passwd, the kernel's config) has no path.
         for pid in (qa, qb):

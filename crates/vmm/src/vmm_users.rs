@@ -20,16 +20,18 @@
 //! `siesta template build` or `siesta bench` beside it draw from the same
 //! range. Each uid taken is locked in one lock file of the host
 //! ([`DEFAULT_LOCK_FILE`]): an open-file-description lock on the byte at
-//! offset `uid`, taken on a descriptor of its own that QEMU inherits, so
-//! the lock lasts as long as the longer-lived of the server's lease and
-//! the QEMU process (a VMM left running by a killed server keeps its uid).
+//! offset `uid`, held by the siesta process until its VMM has been
+//! reaped. QEMU never gets the descriptor (a QEMU taken over could unlock
+//! its uid, or lock every other). A VMM that outlives the process that
+//! started it (a killed server's) no longer has a lock, so a uid is also
+//! skipped while any process of the host runs as it (`/proc`).
 //! Uids are handed out round-robin rather than lowest-free, so what a VMM
 //! left behind in world-writable places (`/tmp`, `/dev/shm`) is not the
 //! very next VMM's to read.
 
 use std::collections::BTreeSet;
 use std::fs::File;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -64,8 +66,8 @@ struct Taken {
 pub struct VmmUser {
     uid: u32,
     users: Arc<VmmUsers>,
-    /// Holds the host-wide lock on `uid`; QEMU inherits a copy.
-    lock: File,
+    /// Holds the host-wide lock on `uid` (never handed to the VMM).
+    _lock: File,
 }
 
 impl VmmUsers {
@@ -98,16 +100,18 @@ impl VmmUsers {
         Self::new(DEFAULT_UID_BASE, DEFAULT_UID_COUNT).expect("the default range is valid")
     }
 
-    /// The next uid after the last one handed out that no VMM of this
-    /// host holds, locked until the returned user is dropped and the
-    /// process that inherited its lock has exited.
+    /// The next uid after the last one handed out that no process of the
+    /// host runs as and no other siesta process has locked, locked until
+    /// the returned user is dropped (after its VMM has been reaped).
     pub fn take(self: &Arc<Self>) -> Result<VmmUser, String> {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        make_private_dir(self.lock_file.parent())?;
         make_empty_root(&self.root_dir())?;
+        let running = uids_running(self.base, self.count);
         for i in 0..self.count {
-            let offset = (state.next + i) % self.count;
+            let offset = ((u64::from(state.next) + u64::from(i)) % u64::from(self.count)) as u32;
             let uid = self.base + offset;
-            if state.uids.contains(&uid) {
+            if state.uids.contains(&uid) || running.contains(&uid) {
                 continue;
             }
             let Some(lock) = lock_uid(&self.lock_file, uid)? else {
@@ -118,7 +122,7 @@ impl VmmUsers {
             return Ok(VmmUser {
                 uid,
                 users: Arc::clone(self),
-                lock,
+                _lock: lock,
             });
         }
         Err(format!(
@@ -154,17 +158,46 @@ impl VmmUsers {
     }
 }
 
-/// Makes `dir` an empty directory nobody but root can write, or checks
-/// that it is one.
+/// The uids in `base..base + count` that a live process of the host runs
+/// as (the owner of `/proc/PID` is the process's effective uid).
+fn uids_running(base: u32, count: u32) -> BTreeSet<u32> {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return BTreeSet::new();
+    };
+    let is_pid = |e: &std::fs::DirEntry| {
+        e.file_name()
+            .to_str()
+            .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
+    };
+    procs
+        .flatten()
+        .filter(is_pid)
+        .filter_map(|e| e.metadata().ok().map(|m| m.uid()))
+        .filter(|uid| uid.checked_sub(base).is_some_and(|o| o < count))
+        .collect()
+}
+
+/// Creates `dir` (the lock file's directory) private to its owner if
+/// missing.
+fn make_private_dir(dir: Option<&Path>) -> Result<(), String> {
+    use std::os::unix::fs::DirBuilderExt;
+    let Some(dir) = dir else { return Ok(()) };
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| format!("creating {}: {e}", dir.display()))
+}
+
+/// Makes `dir` (in a private directory) an empty directory nobody but its
+/// owner can write, or checks that it is one.
 fn make_empty_root(dir: &Path) -> Result<(), String> {
     use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
     let ctx = |what: &str, e: std::io::Error| format!("{what} {}: {e}", dir.display());
-    match std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o555)
-        .create(dir)
-    {
+    match std::fs::DirBuilder::new().mode(0o555).create(dir) {
         Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
         Err(e) => return Err(ctx("creating", e)),
     }
     let meta = std::fs::symlink_metadata(dir).map_err(|e| ctx("reading", e))?;
@@ -191,15 +224,8 @@ fn own_uid() -> u32 {
 /// Locks byte `uid` of `lock_file` on a descriptor of its own; `None` if
 /// another open file description holds it.
 fn lock_uid(lock_file: &Path, uid: u32) -> Result<Option<File>, String> {
-    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    use std::os::unix::fs::OpenOptionsExt;
     let ctx = |what: &str, e: std::io::Error| format!("{what} {}: {e}", lock_file.display());
-    if let Some(dir) = lock_file.parent() {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
-            .map_err(|e| ctx("creating the directory of", e))?;
-    }
     let file = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -260,13 +286,6 @@ impl VmmUser {
             root: self.users.root_dir(),
         }
     }
-
-    /// The descriptor holding the host-wide lock on the uid: the VMM
-    /// process inherits it (its close-on-exec flag cleared in the child),
-    /// so the uid stays locked while that process lives.
-    pub fn lock_fd(&self) -> RawFd {
-        self.lock.as_raw_fd()
-    }
 }
 
 impl Drop for VmmUser {
@@ -320,14 +339,31 @@ mod tests {
         uids.dedup();
         assert_eq!(uids.len(), 4, "a uid was handed out twice");
         assert!(build.take().is_err() && server.take().is_err());
-        // A lock survives in a process that inherited it: here, a
-        // duplicate of the descriptor outliving the lease.
-        let inherited = s1.lock.try_clone().unwrap();
+        // A lease given back frees its uid for the other process.
         let uid = s1.uid();
         drop(s1);
-        assert!(build.take().is_err(), "uid {uid} went while still held");
-        drop(inherited);
         assert_eq!(build.take().unwrap().uid(), uid);
+    }
+
+    #[test]
+    fn uids_a_process_runs_as_are_seen() {
+        let me = own_uid();
+        assert!(uids_running(me, 1).contains(&me));
+    }
+
+    #[test]
+    fn the_chroot_dir_must_be_empty() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path().join("vmm-root");
+        make_empty_root(&root).unwrap();
+        make_empty_root(&root).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&root).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o555);
+        std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::write(root.join("planted"), b"x").unwrap();
+        let e = make_empty_root(&root).unwrap_err();
+        assert!(e.contains("empty directory"), "{e}");
     }
 
     #[test]

@@ -91,20 +91,6 @@ impl QemuProcess {
                 });
             }
         }
-        if let Some(user) = &user {
-            let fd = user.lock_fd();
-            // SAFETY: runs in the forked child before exec; fcntl is a
-            // plain syscall on a descriptor `user` keeps open. Clearing
-            // close-on-exec lets QEMU inherit the lock on its uid.
-            unsafe {
-                cmd.pre_exec(move || {
-                    if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    Ok(())
-                });
-            }
-        }
         if let Some(group) = &cgroup {
             let fds = group.procs_fds();
             // SAFETY: runs in the forked child before exec and only calls
