@@ -50,7 +50,9 @@ impl VmmInfo {
         if recorded.devices != self.devices {
             differences.push(format!(
                 "device set: snapshot has {}, this host has {} (siesta changed the \
-                 machine's devices since it was frozen: rebuild it)",
+                 machine's devices since it was frozen: rebuild the template; a sandbox \
+                 paused on it comes back only by a reboot from its disk, \
+                 `{{\"memory\": false}}` on connect)",
                 recorded.devices, self.devices
             ));
         }

@@ -28,7 +28,10 @@ pub use accel::{Accel, AccelChoice};
 pub use cgroup::{CgroupLimits, Cgroups, VmCgroup};
 pub use error::VmmError;
 pub use info::{VmmInfo, DEVICE_SET};
-pub use spec::{BackingFile, DiskFormat, DiskSpec, LaunchMode, LaunchSpec, MemoryBacking, NetSpec};
+pub use spec::{
+    BackingFile, DiskFormat, DiskSpec, LaunchMode, LaunchSpec, MemoryBacking, NetSpec,
+    MAX_BACKING_DEPTH,
+};
 pub use vmm_users::{VmmUser, VmmUsers};
 
 /// A VMM backend: knows how to start VMM processes of one kind.

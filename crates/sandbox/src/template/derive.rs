@@ -431,7 +431,14 @@ async fn finalize(
 ) -> Result<()> {
     let phase = BuildPhase::Finalize;
     let fail = |e| failed(build, BuildPhase::Finalize, e);
-    init_guest(client, ctx).await.map_err(fail)?;
+    let guest = GuestDefaults {
+        user: ctx.user.clone(),
+        workdir: ctx.workdir.clone(),
+    };
+    // The start command runs under the template's defaults; the build's
+    // token stays until the very last call.
+    let defaults = crate::envd::InitParams::new(None, Default::default(), &guest);
+    client.init(&defaults).await.map_err(fail)?;
     if let Some(start) = &build.start_cmd {
         log(LogLevel::Info, &phase, &format!("start command: {start}"));
         let mut c = ctx.clone();
@@ -451,17 +458,9 @@ async fn finalize(
     }
     shell(client, ctx, "root", "sync", &phase, log)
         .await
-        .map_err(fail)
-}
-
-/// Gives the build VM's agent the template's defaults (see
-/// [`init_before_freeze`]).
-async fn init_guest(client: &EnvdClient, ctx: &StepContext) -> Result<()> {
-    let guest = GuestDefaults {
-        user: ctx.user.clone(),
-        workdir: ctx.workdir.clone(),
-    };
-    init_before_freeze(client, &guest).await
+        .map_err(fail)?;
+    // Last: clears the token, right before the freeze.
+    init_before_freeze(client, &guest).await.map_err(fail)
 }
 
 async fn wait_ready(client: &EnvdClient, ctx: &StepContext, ready: &str) -> Result<()> {

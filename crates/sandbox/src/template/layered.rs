@@ -1,8 +1,16 @@
 //! The build VM's disk as a chain of step-cache layers (see
 //! `step_cache.rs`): the base disk, the layers of the steps a build reuses,
 //! and on top an overlay that the VM writes into. After each step that
-//! overlay is frozen as the step's layer and a new one takes its place; at
-//! the end the chain is flattened into the template's raw disk.
+//! overlay is frozen and a new one takes its place; at the end the chain is
+//! flattened into the template's raw disk.
+//!
+//! The cache gets a *copy* of each frozen overlay, made the moment it is
+//! frozen, never the file itself: the VM's QEMU still holds that file
+//! writable until it exits, so a QEMU taken over in a later step could
+//! otherwise rewrite an earlier layer that other builds reuse, or change
+//! its header between another build's check and open. Cache files are
+//! only ever opened read-only by a VMM (below its overlay). The frozen
+//! overlays themselves go when the build does.
 
 use std::path::{Path, PathBuf};
 
@@ -10,19 +18,25 @@ use siesta_vmm::{BackingFile, DiskFormat, DiskSpec, VmInstance};
 
 use super::base::Base;
 use super::derive::{BuildLog, BuildPhase, LogLevel};
-use super::step_cache::{CachedImage, Layer, StepCache};
+use super::step_cache::{Layer, StepCache};
 use super::steps::{step_key, StepContext, StepsBuild};
 use crate::error::{Error, Result};
 use crate::node::Node;
-use crate::rootfs::{create_overlay_on, flatten};
+use crate::rootfs::{copy_sparse, create_overlay_on, flatten};
 
 /// The disk of one build VM.
 pub(super) struct LayeredDisk {
     cache: StepCache,
-    /// The last frozen layer: what the steps so far left.
+    /// The last layer as the cache records it: what the steps so far left.
     top: Layer,
-    /// The overlay on `top` that the VM writes into.
+    /// The overlay the VM writes into.
     writing: PathBuf,
+    /// What the VM runs on below `writing`, nearest first: the overlays it
+    /// froze (the same bytes as the cache's copies), then the cache layers
+    /// it started from.
+    below: Vec<BackingFile>,
+    /// The overlays the VM froze, removed with the build.
+    frozen: Vec<PathBuf>,
 }
 
 impl LayeredDisk {
@@ -47,7 +61,8 @@ impl LayeredDisk {
         };
         let mut reused = 0;
         for (i, step) in build.steps.iter().enumerate() {
-            if !build.may_reuse(i + 1) {
+            // A longer chain than a VMM may be given runs its steps again.
+            if !build.may_reuse(i + 1) || top.chain().len() >= siesta_vmm::MAX_BACKING_DEPTH {
                 break;
             }
             match cache.get(&step_key(&top.key, step)) {
@@ -58,11 +73,21 @@ impl LayeredDisk {
         }
         let writing = cache.new_image(&top.key, DiskFormat::Qcow2);
         create_overlay_on(&cache.path(&top.disk), top.format, &writing).await?;
+        let below = top
+            .chain()
+            .into_iter()
+            .map(|i| BackingFile {
+                path: cache.path(&i.file),
+                format: i.format,
+            })
+            .collect();
         Ok((
             Self {
                 cache,
                 top,
                 writing,
+                below,
+                frozen: Vec::new(),
             },
             reused,
         ))
@@ -71,15 +96,11 @@ impl LayeredDisk {
     /// The disk the VM is to be started with: the overlay it writes over
     /// the chain of layers the cache recorded.
     pub fn vm_disk(&self) -> DiskSpec {
-        let file = |i: CachedImage| BackingFile {
-            path: self.cache.path(&i.file),
-            format: i.format,
-        };
         DiskSpec {
             path: self.writing.clone(),
             format: DiskFormat::Qcow2,
             read_only: false,
-            backing: self.top.chain().into_iter().map(file).collect(),
+            backing: self.below.clone(),
         }
     }
 
@@ -89,9 +110,9 @@ impl LayeredDisk {
     }
 
     /// Records what `step` left (the guest has flushed its caches): the
-    /// overlay written so far is frozen as the step's layer, and the VM
-    /// goes on writing into a new one. A step that does not write the disk
-    /// shares the last layer's image.
+    /// overlay written so far is frozen, a copy of it becomes the step's
+    /// layer, and the VM goes on writing into a new one. A step that does
+    /// not write the disk shares the last layer's image.
     pub async fn commit(
         &mut self,
         vm: &mut dyn VmInstance,
@@ -110,10 +131,21 @@ impl LayeredDisk {
             .await
             .map_err(|source| Error::vmm(vm.id().to_string(), source))?;
         let frozen = std::mem::replace(&mut self.writing, next);
+        self.below.insert(
+            0,
+            BackingFile {
+                path: frozen.clone(),
+                format: DiskFormat::Qcow2,
+            },
+        );
+        self.frozen.push(frozen.clone());
+        let copy = self.cache.new_image(&key, DiskFormat::Qcow2);
+        if let Err(e) = copy_sparse(&frozen, &copy).await {
+            let _ = std::fs::remove_file(&copy);
+            return Err(e);
+        }
         let below = self.top.chain();
-        self.top = self
-            .cache
-            .put(&key, &frozen, DiskFormat::Qcow2, below, ctx)?;
+        self.top = self.cache.put(&key, &copy, DiskFormat::Qcow2, below, ctx)?;
         Ok(())
     }
 
@@ -125,10 +157,12 @@ impl LayeredDisk {
         done
     }
 
-    /// Removes the overlay being written (after a failed build, or once
-    /// flattened); the frozen layers stay cached.
+    /// Removes the overlay being written and the ones the VM froze (after
+    /// a failed build, or once flattened); the cache keeps its copies.
     pub fn discard(self) {
-        let _ = std::fs::remove_file(&self.writing);
+        for file in self.frozen.iter().chain([&self.writing]) {
+            let _ = std::fs::remove_file(file);
+        }
     }
 
     /// Keeps the cache within the node's bound.
