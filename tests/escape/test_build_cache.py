@@ -23,22 +23,9 @@ from pathlib import Path
 
 import httpx
 from server import BINARY
-from vmm_proc import open_files
+from vmm_proc import find_qemu
 
 O_ACCMODE = 0o3
-
-
-def _build_qemu(name: str) -> int | None:
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if argv and argv[0].endswith(b"qemu-system-x86_64") and f"guest=build-{name}".encode() in argv:
-            return int(entry.name)
-    return None
 
 
 def _writable_files(pid: int) -> set[Path]:
@@ -88,7 +75,7 @@ def test_a_build_vm_holds_no_cached_layer_writable(siesta, attack, tmp_path):
             assert build.poll() is None, log.read_text(errors="replace")
             assert time.monotonic() < deadline, log.read_text(errors="replace")
             time.sleep(0.5)
-        pid = _build_qemu(name)
+        pid = find_qemu(f"build-{name}")
         assert pid is not None, "no QEMU for the build"
         layers = _cached_qcow2_layers(cache)
         assert len(layers) >= 2, f"the cache names {layers}"

@@ -93,6 +93,19 @@ def _file_with_inode(root: Path, inode: int) -> Path:
     raise AssertionError(f"no file with inode {inode} under {root}")
 
 
+def _tamper_then_pause(siesta, sb: Sandbox, **rewrite) -> tuple[Path, Path]:
+    """Leaves a marker in the guest, rewrites (as its VMM could) the header
+    of the disk its QEMU holds, and pauses it. Returns the disk's path and
+    the paused snapshot's file of that disk."""
+    sb.files.write("/home/user/marker", "kept")
+    sb.commands.run("sync")
+    disk = _disk_of(qemu_of(sb.sandbox_id))
+    rewrite_header(disk, **rewrite)
+    inode = disk.stat().st_ino
+    assert sb.pause() is True
+    return disk, _file_with_inode(siesta.home, inode)
+
+
 def _canary(tmp_path: Path, name: str) -> Path:
     p = tmp_path / name
     p.write_bytes(b"CANARY--" * (1 << 17))  # 1 MiB
@@ -104,13 +117,7 @@ def test_a_backing_name_the_vmm_wrote_is_not_followed(siesta, attack, tmp_path):
     before = canary.read_bytes()
     sb = Sandbox.create("base", timeout=300)
     try:
-        sb.files.write("/home/user/marker", "kept")
-        sb.commands.run("sync")
-        disk = _disk_of(qemu_of(sb.sandbox_id))
-        rewrite_header(disk, backing=str(canary).encode())
-        inode = disk.stat().st_ino
-        assert sb.pause() is True
-        paused = _file_with_inode(siesta.home, inode)
+        disk, paused = _tamper_then_pause(siesta, sb, backing=str(canary).encode())
         assert _backing_name(paused) == str(canary).encode(), "the pause rewrote the header"
 
         resumed = Sandbox.connect(sb.sandbox_id)
@@ -131,13 +138,7 @@ def test_an_external_data_file_the_vmm_asked_for_is_refused(siesta, attack, tmp_
     before = canary.read_bytes()
     sb = Sandbox.create("base", timeout=300)
     try:
-        sb.files.write("/home/user/marker", "kept")
-        sb.commands.run("sync")
-        disk = _disk_of(qemu_of(sb.sandbox_id))
-        rewrite_header(disk, data_file=str(canary).encode())
-        inode = disk.stat().st_ino
-        assert sb.pause() is True
-        paused = _file_with_inode(siesta.home, inode)
+        _, paused = _tamper_then_pause(siesta, sb, data_file=str(canary).encode())
         features = struct.unpack(">Q", paused.read_bytes()[72:80])[0]
         assert features & EXTERNAL_DATA_FILE, "the pause rewrote the header"
 

@@ -6,8 +6,8 @@ import os
 from pathlib import Path
 
 
-def qemu_of(sandbox_id: str) -> int:
-    """The pid of the QEMU whose `-name guest=<id>` names the sandbox."""
+def find_qemu(vm_name: str) -> int | None:
+    """The pid of the QEMU whose `-name guest=<vm_name>`, if one runs."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -15,9 +15,17 @@ def qemu_of(sandbox_id: str) -> int:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if argv and argv[0].endswith(b"qemu-system-x86_64") and f"guest={sandbox_id}".encode() in argv:
+        if argv and argv[0].endswith(b"qemu-system-x86_64") and f"guest={vm_name}".encode() in argv:
             return int(entry.name)
-    raise AssertionError(f"no QEMU process for sandbox {sandbox_id}")
+    return None
+
+
+def qemu_of(sandbox_id: str) -> int:
+    """The pid of the QEMU started for the sandbox."""
+    pid = find_qemu(sandbox_id)
+    if pid is None:
+        raise AssertionError(f"no QEMU process for sandbox {sandbox_id}")
+    return pid
 
 
 def status(pid: int) -> dict[str, str]:
