@@ -7,17 +7,13 @@
 //! `siesta-vmm` and `siesta-net`, held by the [`node`].
 
 pub mod blocking;
-pub mod config;
-pub mod config_file;
 pub mod console;
 pub mod envd;
 pub mod error;
 pub mod fetch_cache;
 pub mod handover;
 pub mod idempotent;
-pub mod ids;
 mod key_locks;
-pub mod layout;
 pub mod lazy;
 mod lifecycle;
 pub mod manager;
@@ -47,3 +43,8 @@ pub use error::{Error, Result};
 pub use manager::{CreateRequest, SandboxManager};
 pub use node::Node;
 pub use store::{ListQuery, SortOrder};
+
+// The node's configuration, layout and ids moved to `siesta-host` (issue
+// 42); re-exported under their old paths while the crates above move over.
+pub use siesta_host::config::file as config_file;
+pub use siesta_host::{config, ids, layout};

@@ -4,6 +4,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+pub mod file;
+
 /// Which accelerator to use; `Auto` picks KVM only where a guest really runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AccelSetting {
@@ -203,14 +205,14 @@ impl NodeConfig {
     }
 
     /// Reads `SIESTA_HOME` (default `/var/lib/siesta`), then the
-    /// configuration file (`siesta.toml`, [`crate::config_file`]), then the
+    /// configuration file (`siesta.toml`, [`file`]), then the
     /// environment (`SIESTA_ACCEL`, `SIESTA_NET_TAG`, `SIESTA_NET_SUBNET`,
     /// ...), each overriding the one before.
     pub fn from_env() -> Result<Self, String> {
         let home = home_from_env();
         let mut config = Self::new(&home);
         // The file first: the environment overrides it.
-        crate::config_file::ConfigFile::load(&home)?.apply(&mut config)?;
+        file::ConfigFile::load(&home)?.apply(&mut config)?;
         if let Ok(accel) = std::env::var("SIESTA_ACCEL") {
             config.accel = accel.parse()?;
         }
