@@ -17,7 +17,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use nix::sys::termios::{self, SetArg, Termios};
-use siesta_sandbox::envd::{EnvdClient, PtyEvent, PtySession, PtySize, PtySpec};
+use siesta_envd_client::{EnvdClient, PtyEvent, PtySession, PtySize, PtySpec};
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::sync::mpsc;
 

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context};
 use serde_json::{json, Value};
-use siesta_sandbox::envd::EnvdClient;
+use siesta_envd_client::EnvdClient;
 
 #[derive(clap::Subcommand)]
 pub enum SandboxCommand {

@@ -188,6 +188,21 @@ impl Error {
 }
 
 /// Attaches the file and the action to an I/O error.
+/// The agent client's errors keep their kind: a guest that never became
+/// ready stays [`Error::GuestNotReady`], and so on.
+impl From<siesta_envd_client::EnvdError> for Error {
+    fn from(e: siesta_envd_client::EnvdError) -> Self {
+        use siesta_envd_client::EnvdError;
+        match e {
+            EnvdError::Agent { id, detail } => Error::Agent { id, detail },
+            EnvdError::GuestNotReady { id, secs, detail } => {
+                Error::GuestNotReady { id, secs, detail }
+            }
+            EnvdError::Io { what, path, source } => Error::Io { what, path, source },
+        }
+    }
+}
+
 pub(crate) trait IoContext<T> {
     fn ctx(self, what: &'static str, path: impl Into<PathBuf>) -> Result<T>;
 }

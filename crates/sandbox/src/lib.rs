@@ -8,7 +8,6 @@
 
 pub mod blocking;
 pub mod console;
-pub mod envd;
 pub mod error;
 pub mod fetch_cache;
 pub mod handover;

@@ -19,7 +19,6 @@ use chrono::Utc;
 use siesta_net::EgressPolicy;
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
-use crate::envd::{EnvdClient, ExecOutput, InitParams};
 use crate::error::{Error, IoContext, Result};
 use crate::lifecycle::{deadline, Reaper};
 use crate::memory_save::{SaveMemory, SaveReport};
@@ -34,6 +33,7 @@ use crate::sandbox::{
 use crate::store;
 use crate::store::{ListQuery, Store, StoreError, DB_FILE};
 use crate::template::Template;
+use siesta_envd_client::{EnvdClient, ExecOutput, InitParams};
 
 pub use crate::lifecycle::{DEFAULT_TIMEOUT_SECS, MAX_TIMEOUT_SECS};
 
@@ -476,7 +476,7 @@ impl SandboxManager {
         user: Option<&str>,
         on_output: impl FnMut(bool, &[u8]),
     ) -> Result<ExecOutput> {
-        self.envd(id).await?.exec(cmd, user, on_output).await
+        Ok(self.envd(id).await?.exec(cmd, user, on_output).await?)
     }
 
     /// Sets the deadline of sandbox `id` to `secs` seconds from now (E2B

@@ -9,8 +9,8 @@ use siesta_vmm::qemu::QemuVmm;
 use siesta_vmm::{AccelChoice, NetSpec, Vmm};
 
 use crate::config::{AccelSetting, NodeConfig};
-use crate::envd::EnvdClient;
 use crate::error::{Error, Result};
+use siesta_envd_client::EnvdClient;
 
 /// Kernel command line of every guest: the console, and the guest network
 /// that is the same in every slot (see `siesta_net::layout`).

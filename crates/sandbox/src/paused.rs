@@ -509,7 +509,7 @@ pub(crate) fn memory_of(
 /// whose agent does not answer is not paused (as in E2B, a filesystem-only
 /// pause needs a responding agent).
 pub(crate) async fn sync_guest(id: &str, agent: std::net::SocketAddr, token: String) -> Result<()> {
-    let client = crate::envd::EnvdClient::new(id, agent, Some(token));
+    let client = siesta_envd_client::EnvdClient::new(id, agent, Some(token));
     let synced = tokio::time::timeout(
         std::time::Duration::from_secs(30),
         client.exec("sync", Some("root"), |_, _| {}),

@@ -35,7 +35,6 @@ use std::sync::Arc;
 use siesta_net::{EgressPolicy, Slot};
 use siesta_vmm::{DiskSpec, VmInstance, VmmError};
 
-use crate::envd::InitParams;
 use crate::error::{Error, IoContext, Result};
 use crate::memory_prefetch::finish_at_ready;
 use crate::node::Node;
@@ -43,6 +42,7 @@ use crate::pool::{incoming_spec, PooledVm, VmmPool};
 use crate::stages::{Stage, StageClock, StageTimings};
 use crate::template::{boot_spec, boot_until_healthy, Template, VmSize};
 use crate::volumes::{start_exports, Exports, VolumeMount};
+use siesta_envd_client::InitParams;
 use siesta_volume::Volumes;
 
 /// A VM that came out of the resume path, running and initialised.
@@ -434,7 +434,8 @@ async fn initialise(
         .await?;
     clock
         .time(Stage::AgentInit, client.init(&params.init))
-        .await
+        .await?;
+    Ok(())
 }
 
 /// The resumed VM, handed over by its guard.

@@ -152,22 +152,8 @@ pub struct SandboxRecord {
     pub paused_disk_only: bool,
 }
 
-/// Who a guest's commands run as, and where, when a request names neither.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct GuestDefaults {
-    pub user: String,
-    pub workdir: String,
-}
-
-impl Default for GuestDefaults {
-    /// E2B's: user `user` in its home.
-    fn default() -> Self {
-        Self {
-            user: "user".into(),
-            workdir: "/home/user".into(),
-        }
-    }
-}
+/// Who a guest's commands run as, and where: the agent client's type.
+pub use siesta_envd_client::GuestDefaults;
 
 /// What callers see of a sandbox: its record.
 pub type SandboxInfo = SandboxRecord;

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use serde_json::json;
-use siesta_sandbox::envd::EnvdClient;
+use siesta_envd_client::EnvdClient;
 
 use crate::stats::summarize;
 

@@ -184,7 +184,7 @@ pub(crate) async fn boot_until_healthy(node: &Node, mut spec: LaunchSpec) -> Res
         node.envd_client(&id, &slot, None)
             .wait_healthy(node.config.boot_ready_timeout)
             .await
-            .map_err(|e| with_serial_log(e, &spec))
+            .map_err(|e| with_serial_log(e.into(), &spec))
     }
     .await;
     match ready {
@@ -267,13 +267,16 @@ async fn freeze_into(
 /// (`siesta bench resume --compare templates`, docs/benchmarks.md). Each
 /// sandbox's `/init` sets everything again.
 pub(super) async fn init_before_freeze(
-    client: &crate::envd::EnvdClient,
+    client: &siesta_envd_client::EnvdClient,
     guest: &crate::sandbox::GuestDefaults,
 ) -> Result<()> {
     // An empty token clears the agent's; `None` would leave it as it is.
-    let params =
-        crate::envd::InitParams::new(Some(String::new()), std::collections::HashMap::new(), guest);
-    client.init(&params).await
+    let params = siesta_envd_client::InitParams::new(
+        Some(String::new()),
+        std::collections::HashMap::new(),
+        guest,
+    );
+    Ok(client.init(&params).await?)
 }
 
 /// Gives a build VM's agent a token of its own before any step runs, so
@@ -285,10 +288,13 @@ pub(super) async fn claim_build_agent(
     id: &str,
     slot: &siesta_net::Slot,
     guest: &crate::sandbox::GuestDefaults,
-) -> Result<crate::envd::EnvdClient> {
+) -> Result<siesta_envd_client::EnvdClient> {
     let token = crate::ids::new_token();
-    let params =
-        crate::envd::InitParams::new(Some(token.clone()), std::collections::HashMap::new(), guest);
+    let params = siesta_envd_client::InitParams::new(
+        Some(token.clone()),
+        std::collections::HashMap::new(),
+        guest,
+    );
     node.envd_client(id, slot, None).init(&params).await?;
     Ok(node.envd_client(id, slot, Some(token)))
 }

@@ -24,11 +24,11 @@ use super::record::{
 };
 use super::steps::{Step, StepContext, StepsBuild};
 use super::Template;
-use crate::envd::{EnvdClient, ExecOptions};
 use crate::error::{Error, Result};
 use crate::layout::validate_name;
 use crate::node::Node;
 use crate::sandbox::GuestDefaults;
+use siesta_envd_client::{EnvdClient, ExecOptions};
 
 /// How long the ready check may take before the build fails.
 const READY_TIMEOUT: Duration = Duration::from_secs(300);
@@ -437,8 +437,8 @@ async fn finalize(
     };
     // The start command runs under the template's defaults; the build's
     // token stays until the very last call.
-    let defaults = crate::envd::InitParams::new(None, Default::default(), &guest);
-    client.init(&defaults).await.map_err(fail)?;
+    let defaults = siesta_envd_client::InitParams::new(None, Default::default(), &guest);
+    client.init(&defaults).await.map_err(|e| fail(e.into()))?;
     if let Some(start) = &build.start_cmd {
         log(LogLevel::Info, &phase, &format!("start command: {start}"));
         let mut c = ctx.clone();

@@ -15,11 +15,11 @@ use siesta_snapshot::pagemap::PagemapRecorder;
 use siesta_snapshot::Repository;
 
 use super::Template;
-use crate::envd::InitParams;
 use crate::error::{Error, IoContext, Result};
 use crate::node::Node;
 use crate::pool::incoming_spec;
 use crate::rootfs::create_overlay;
+use siesta_envd_client::InitParams;
 
 /// Recordings run in `$SIESTA_HOME/run/<RECORDING_PREFIX><hex>/`.
 pub(crate) const RECORDING_PREFIX: &str = "manifest-";

@@ -120,7 +120,13 @@ pub async fn many(
 
 /// Asks running sandbox `id`'s agent for a sample and keeps it under `at`.
 async fn sample_now(st: &AppState, id: &str, at: i64) -> Result<(), ApiError> {
-    let m = st.manager.envd(id).await?.metrics().await?;
+    let m = st
+        .manager
+        .envd(id)
+        .await?
+        .metrics()
+        .await
+        .map_err(siesta_sandbox::Error::from)?;
     st.sandbox_metrics.record(
         id,
         Sample {

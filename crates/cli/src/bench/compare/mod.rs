@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use siesta_sandbox::envd::InitParams;
+use siesta_envd_client::InitParams;
 use siesta_sandbox::layout::Layout;
 use siesta_sandbox::pool::{PoolOptions, VmmPool};
 use siesta_sandbox::resume::{self, ResumeParams};

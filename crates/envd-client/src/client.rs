@@ -1,6 +1,6 @@
 //! HTTP client for one sandbox's agent.
 
-use super::bounded;
+use crate::bounded;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -8,13 +8,13 @@ use std::time::{Duration, Instant};
 use base64::Engine;
 use bytes::BytesMut;
 use futures::StreamExt;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use siesta_envd_proto::process::{
     process_event::{data_event::Output, Event},
     ProcessConfig, StartRequest, StartResponse,
 };
 
-use crate::error::{Error, IoContext, Result};
+use crate::error::{EnvdError as Error, Result};
 use siesta_envd_proto::envelope::{encode, take_frame};
 
 /// What `/init` tells a freshly resumed guest.
@@ -40,7 +40,7 @@ impl InitParams {
     pub fn new(
         access_token: Option<String>,
         env_vars: HashMap<String, String>,
-        defaults: &crate::sandbox::GuestDefaults,
+        defaults: &GuestDefaults,
     ) -> Self {
         let mut entropy = [0u8; 64];
         rand::Rng::fill(&mut rand::thread_rng(), &mut entropy[..]);
@@ -52,6 +52,23 @@ impl InitParams {
             default_workdir: defaults.workdir.clone(),
             entropy: base64::engine::general_purpose::STANDARD.encode(entropy),
             siesta_mounts: Vec::new(),
+        }
+    }
+}
+
+/// Who a guest's commands run as, and where, when a request names neither.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GuestDefaults {
+    pub user: String,
+    pub workdir: String,
+}
+
+impl Default for GuestDefaults {
+    /// E2B's: user `user` in its home.
+    fn default() -> Self {
+        Self {
+            user: "user".into(),
+            workdir: "/home/user".into(),
         }
     }
 }
@@ -79,10 +96,10 @@ pub struct ExecOutput {
 
 #[derive(Clone)]
 pub struct EnvdClient {
-    pub(super) id: String,
-    pub(super) base: String,
-    pub(super) token: Option<String>,
-    pub(super) http: reqwest::Client,
+    pub(crate) id: String,
+    pub(crate) base: String,
+    pub(crate) token: Option<String>,
+    pub(crate) http: reqwest::Client,
 }
 
 impl EnvdClient {
@@ -126,7 +143,7 @@ impl EnvdClient {
         })
     }
 
-    pub(super) fn agent_err(&self, detail: impl std::fmt::Display) -> Error {
+    pub(crate) fn agent_err(&self, detail: impl std::fmt::Display) -> Error {
         Error::Agent {
             id: self.id.clone(),
             detail: detail.to_string(),
@@ -326,7 +343,11 @@ impl EnvdClient {
     pub async fn upload_file(&self, path: &str, user: &str, local: &std::path::Path) -> Result<()> {
         let file = tokio::fs::File::open(local)
             .await
-            .ctx("opening a file to upload to the guest", local)?;
+            .map_err(|source| Error::Io {
+                what: "opening a file to upload to the guest",
+                path: local.to_path_buf(),
+                source,
+            })?;
         let stream = tokio_util::io::ReaderStream::with_capacity(file, 256 << 10);
         self.upload_body(path, user, reqwest::Body::wrap_stream(stream))
             .await
@@ -419,7 +440,7 @@ impl EnvdClient {
 
     /// Sends `req`; a transport error or a non-2xx answer is an agent error
     /// naming `what` (and the answer's status and body).
-    pub(super) async fn send_ok(
+    pub(crate) async fn send_ok(
         &self,
         req: reqwest::RequestBuilder,
         what: &str,
@@ -438,7 +459,7 @@ impl EnvdClient {
 
     /// `process.Process/Start` (a server stream) with `json` as its one
     /// request envelope, authorised as [`EnvdClient::authorized`] says.
-    pub(super) fn start_call(&self, json: &[u8], user: Option<&str>) -> reqwest::RequestBuilder {
+    pub(crate) fn start_call(&self, json: &[u8], user: Option<&str>) -> reqwest::RequestBuilder {
         let req = self
             .http
             .post(format!("{}/process.Process/Start", self.base))
@@ -450,7 +471,7 @@ impl EnvdClient {
 
     /// The guest's access token, and `user` as envd's Basic authorization
     /// (the user a process runs as).
-    pub(super) fn authorized(
+    pub(crate) fn authorized(
         &self,
         mut req: reqwest::RequestBuilder,
         user: Option<&str>,

@@ -19,8 +19,8 @@ use siesta_envd_proto::process::{
     Signal, StartRequest, StartResponse, UpdateRequest,
 };
 
-use super::EnvdClient;
 use crate::error::Result;
+use crate::EnvdClient;
 
 /// How long a unary call (input, resize, kill) may take. Generous: a guest
 /// under load still answers, and a keystroke lost to a short timeout is
