@@ -5,10 +5,19 @@
 //!   start-up from defaults, `$SIESTA_HOME/siesta.toml` ([`config::file`])
 //!   and `SIESTA_*` variables, then passed down explicitly;
 //! - [`layout`]: where everything lives under the home;
-//! - [`ids`]: sandbox ids and access tokens.
+//! - [`ids`]: sandbox ids and access tokens;
+//! - [`disk`]: copy-on-write disks and `qemu-img`, never following a name
+//!   a VM could have written into an image;
+//! - [`tools`]: the host programs a node runs, and their packages;
+//! - [`blocking`]: work kept off the async threads.
 
+pub mod blocking;
 pub mod config;
+pub mod disk;
+mod error;
 pub mod ids;
 pub mod layout;
+pub mod tools;
 
 pub use config::NodeConfig;
+pub use error::{HostError, Result};

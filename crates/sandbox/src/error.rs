@@ -134,19 +134,6 @@ pub enum Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
-    /// A [`Error::MissingTool`] for `command`, one of
-    /// [`crate::preflight::HOST_TOOLS`].
-    pub(crate) fn missing_tool(command: &str) -> Self {
-        let tool = crate::preflight::HOST_TOOLS
-            .iter()
-            .find(|t| t.command == command);
-        Error::MissingTool {
-            command: command.to_string(),
-            package: tool.map_or("?", |t| t.package).to_string(),
-            used_for: tool.map_or("is needed", |t| t.used_for).to_string(),
-        }
-    }
-
     /// True when the error is the node's, not the request's: a host program
     /// or the VMM binary could not be started. The server answers 503.
     pub fn is_missing_dependency(&self) -> bool {
@@ -188,6 +175,29 @@ impl Error {
 }
 
 /// Attaches the file and the action to an I/O error.
+/// The host layer's errors keep their kind: a missing program stays
+/// [`Error::MissingTool`] (503), a damaged image [`Error::CorruptSnapshot`].
+impl From<siesta_host::HostError> for Error {
+    fn from(e: siesta_host::HostError) -> Self {
+        use siesta_host::HostError;
+        match e {
+            HostError::Io { what, path, source } => Error::Io { what, path, source },
+            HostError::CorruptImage { path, detail } => Error::CorruptSnapshot { path, detail },
+            HostError::Command { what, detail } => Error::Command { what, detail },
+            HostError::MissingTool {
+                command,
+                package,
+                used_for,
+            } => Error::MissingTool {
+                command,
+                package,
+                used_for,
+            },
+            HostError::Internal { what, detail } => Error::Internal { what, detail },
+        }
+    }
+}
+
 /// The agent client's errors keep their kind: a guest that never became
 /// ready stays [`Error::GuestNotReady`], and so on.
 impl From<siesta_envd_client::EnvdError> for Error {
@@ -223,5 +233,48 @@ pub(crate) fn internal(what: &str, e: impl std::fmt::Display) -> Error {
     Error::Internal {
         what: what.to_string(),
         detail: e.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use siesta_envd_client::EnvdError;
+    use siesta_host::HostError;
+
+    #[test]
+    fn host_errors_keep_their_kind() {
+        let missing: Error = HostError::missing_tool("qemu-img").into();
+        assert!(missing.is_missing_dependency(), "{missing}");
+        assert!(missing.to_string().contains("qemu-utils"), "{missing}");
+        let corrupt: Error = HostError::CorruptImage {
+            path: "/d".into(),
+            detail: "bad".into(),
+        }
+        .into();
+        assert!(matches!(corrupt, Error::CorruptSnapshot { .. }));
+        let internal: Error = HostError::Internal {
+            what: "w".into(),
+            detail: "d".into(),
+        }
+        .into();
+        assert!(matches!(internal, Error::Internal { .. }));
+    }
+
+    #[test]
+    fn agent_errors_keep_their_kind() {
+        let late: Error = EnvdError::GuestNotReady {
+            id: "s".into(),
+            secs: 3,
+            detail: "d".into(),
+        }
+        .into();
+        assert!(matches!(late, Error::GuestNotReady { secs: 3, .. }));
+        let agent: Error = EnvdError::Agent {
+            id: "s".into(),
+            detail: "d".into(),
+        }
+        .into();
+        assert!(matches!(agent, Error::Agent { .. }));
     }
 }

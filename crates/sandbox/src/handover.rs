@@ -189,7 +189,7 @@ async fn republish(
         Ok(())
     })
     .await?;
-    crate::rootfs::rebase_onto(&disk, &template.disk_path()).await?;
+    siesta_host::disk::rebase_onto(&disk, &template.disk_path()).await?;
     let state_sha = fetched
         .files
         .get(STATE)

@@ -26,7 +26,6 @@ pub mod preflight;
 mod recovery;
 pub mod remote_tier;
 pub mod resume;
-pub mod rootfs;
 mod running;
 pub mod sandbox;
 mod sandbox_template;

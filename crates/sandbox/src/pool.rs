@@ -13,8 +13,8 @@ use tokio::sync::Mutex;
 
 use crate::error::{Error, IoContext, Result};
 use crate::node::Node;
-use crate::rootfs::create_overlay;
 use crate::template::Template;
+use siesta_host::disk::create_overlay;
 
 /// A VMM process waiting in `-incoming` for a template's snapshot.
 ///
@@ -324,7 +324,7 @@ impl VmmPool {
         let overlay = dir.join(crate::sandbox::DISK_FILE);
         if let Err(e) = create_overlay(&template.disk_path(), &overlay).await {
             let _ = std::fs::remove_dir_all(&dir);
-            return Err(e);
+            return Err(e.into());
         }
         let slot = match self.node.acquire_slot(&id).await {
             Ok(slot) => slot,

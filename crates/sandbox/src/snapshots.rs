@@ -23,10 +23,10 @@ use crate::manager::{new_record, CreateRequest, SandboxManager};
 use crate::memory_save::{self, SaveMemory};
 use crate::paused::{memory_of, verified_files};
 use crate::resume::{self, SavedState};
-use crate::rootfs::{copy_sparse, rebase_onto};
 use crate::sandbox::{SandboxInfo, DISK_FILE};
 use crate::template::Template;
 use crate::volumes::VolumeMount;
+use siesta_host::disk::{copy_sparse, rebase_onto};
 
 /// What is kept with a user snapshot (the record's `meta`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -161,7 +161,7 @@ impl SandboxManager {
                         .map_err(vmm_err)?;
                 capture.state_sha256 = report.sha256;
             }
-            copy_sparse(&disk, &capture.disk).await
+            Ok::<_, crate::Error>(copy_sparse(&disk, &capture.disk).await?)
         }
         .await;
         // Whatever happened, the source runs on.

@@ -248,12 +248,12 @@ async fn from_the_store(
         .sandboxes()
         .join(&sb)
         .join("disk.qcow2");
-    let fuse_backing = siesta_sandbox::rootfs::backing_file(&disk).ok().flatten();
+    let fuse_backing = siesta_host::disk::backing_file(&disk).ok().flatten();
     // The disk is in the repository while paused: read it there.
     let paused_disk = fuse_backing.or_else(|| {
         let snap = repo_b.resolve(&format!("sandbox:{sb}")).ok()?;
         let path = repo_b.file_path(&snap, "disk").ok()?;
-        siesta_sandbox::rootfs::backing_file(&path).ok().flatten()
+        siesta_host::disk::backing_file(&path).ok().flatten()
     });
     assert!(
         paused_disk.is_some_and(|b| b.starts_with(lazy.mount_dir())),

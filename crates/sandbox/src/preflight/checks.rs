@@ -8,10 +8,10 @@ use siesta_vmm::memory_return::{Ksm, KSM_SYSFS};
 use siesta_vmm::qemu::QemuVmm;
 use siesta_vmm::{Accel, AccelChoice, Vmm, VmmInfo};
 
-use super::tools::{find_on_path, HostTool};
 use super::{Check, PreflightOptions};
 use crate::config::{AccelSetting, NodeConfig};
 use crate::template::Template;
+use siesta_host::tools::{find_on_path, HostTool};
 
 const INSTALL_HINT: &str = "run scripts/install-deps.sh (or apt-get install";
 

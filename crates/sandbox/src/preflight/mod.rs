@@ -10,11 +10,10 @@
 //! ([`crate::Error::MissingTool`]) names the same package.
 
 mod checks;
-mod tools;
 
 use serde::Serialize;
 
-pub use tools::{find_on_path, package_of, HostTool, HOST_TOOLS};
+pub use siesta_host::tools::{find_on_path, package_of, HostTool, HOST_TOOLS};
 
 use crate::config::NodeConfig;
 

@@ -13,7 +13,7 @@ use super::steps::{BuildSource, StepsBuild};
 use super::Template;
 use crate::error::{Error, IoContext, Result};
 use crate::node::Node;
-use crate::rootfs::copy_sparse;
+use siesta_host::disk::copy_sparse;
 
 /// What a build starts from, resolved: a template of this node, or an
 /// image already in the blob cache.

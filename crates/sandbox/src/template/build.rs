@@ -12,7 +12,7 @@ use super::{is_complete, Template};
 use crate::error::{Error, IoContext, Result};
 use crate::layout::validate_name;
 use crate::node::Node;
-use crate::rootfs::{copy_sparse, create_overlay};
+use siesta_host::disk::{copy_sparse, create_overlay};
 
 #[derive(Debug, Clone)]
 pub struct BuildOptions {

@@ -22,7 +22,7 @@ use super::step_cache::{Layer, StepCache};
 use super::steps::{step_key, StepContext, StepsBuild};
 use crate::error::{Error, Result};
 use crate::node::Node;
-use crate::rootfs::{copy_sparse, create_overlay_on, flatten};
+use siesta_host::disk::{copy_sparse, create_overlay_on, flatten};
 
 /// The disk of one build VM.
 pub(super) struct LayeredDisk {
@@ -142,7 +142,7 @@ impl LayeredDisk {
         let copy = self.cache.new_image(&key, DiskFormat::Qcow2);
         if let Err(e) = copy_sparse(&frozen, &copy).await {
             let _ = std::fs::remove_file(&copy);
-            return Err(e);
+            return Err(e.into());
         }
         let below = self.top.chain();
         self.top = self.cache.put(&key, &copy, DiskFormat::Qcow2, below, ctx)?;
@@ -154,7 +154,7 @@ impl LayeredDisk {
     pub async fn flatten_into(self, raw: &Path) -> Result<()> {
         let done = flatten(&self.vm_disk(), raw).await;
         self.discard();
-        done
+        Ok(done?)
     }
 
     /// Removes the overlay being written and the ones the VM froze (after

@@ -18,8 +18,8 @@ use super::Template;
 use crate::error::{Error, IoContext, Result};
 use crate::node::Node;
 use crate::pool::incoming_spec;
-use crate::rootfs::create_overlay;
 use siesta_envd_client::InitParams;
+use siesta_host::disk::create_overlay;
 
 /// Recordings run in `$SIESTA_HOME/run/<RECORDING_PREFIX><hex>/`.
 pub(crate) const RECORDING_PREFIX: &str = "manifest-";

@@ -7,7 +7,7 @@ use std::path::Path;
 use siesta_vmm::{disk_image, DiskFormat, DiskSpec};
 use tokio::process::Command;
 
-use crate::error::{Error, Result};
+use crate::error::{HostError as Error, Result};
 
 /// Creates `overlay` (qcow2) backed by the raw image `base`.
 pub async fn create_overlay(base: &Path, overlay: &Path) -> Result<()> {
@@ -39,7 +39,7 @@ pub async fn create_overlay_on(base: &Path, format: DiskFormat, overlay: &Path) 
 
 /// The size the guest sees of the image at `path`.
 fn virtual_size(path: &Path, format: DiskFormat) -> Result<u64> {
-    disk_image::virtual_size(path, format).map_err(|detail| Error::CorruptSnapshot {
+    disk_image::virtual_size(path, format).map_err(|detail| Error::CorruptImage {
         path: path.to_path_buf(),
         detail,
     })
@@ -48,7 +48,7 @@ fn virtual_size(path: &Path, format: DiskFormat) -> Result<u64> {
 /// Refuses an image (written by a VM) whose header would make `qemu-img`
 /// open a file nobody named.
 fn check_image(path: &Path, format: DiskFormat) -> Result<()> {
-    disk_image::check_path(path, format).map_err(|detail| Error::CorruptSnapshot {
+    disk_image::check_path(path, format).map_err(|detail| Error::CorruptImage {
         path: path.to_path_buf(),
         detail,
     })
@@ -77,11 +77,10 @@ pub fn backing_file(overlay: &Path) -> Result<Option<std::path::PathBuf>> {
         path: overlay.to_path_buf(),
         source,
     })?;
-    let header =
-        disk_image::read_header(&file, overlay).map_err(|detail| Error::CorruptSnapshot {
-            path: overlay.to_path_buf(),
-            detail,
-        })?;
+    let header = disk_image::read_header(&file, overlay).map_err(|detail| Error::CorruptImage {
+        path: overlay.to_path_buf(),
+        detail,
+    })?;
     Ok(header.backing_name)
 }
 
@@ -89,11 +88,10 @@ pub fn backing_file(overlay: &Path) -> Result<Option<std::path::PathBuf>> {
 /// sparse raw image at `raw`. `qemu-img` is given the whole chain as a
 /// `json:` name, so it follows no name from a header a VM wrote.
 pub async fn flatten(disk: &DiskSpec, raw: &Path) -> Result<()> {
-    disk.check_images()
-        .map_err(|detail| Error::CorruptSnapshot {
-            path: disk.path.clone(),
-            detail,
-        })?;
+    disk.check_images().map_err(|detail| Error::CorruptImage {
+        path: disk.path.clone(),
+        detail,
+    })?;
     let mut file =
         |p: &Path| serde_json::json!({ "driver": "file", "filename": p.to_string_lossy() });
     let source = format!("json:{}", disk.block_node(&mut file));
