@@ -174,7 +174,6 @@ impl Error {
     }
 }
 
-/// Attaches the file and the action to an I/O error.
 /// The host layer's errors keep their kind: a missing program stays
 /// [`Error::MissingTool`] (503), a damaged image [`Error::CorruptSnapshot`].
 impl From<siesta_host::HostError> for Error {
@@ -213,6 +212,7 @@ impl From<siesta_envd_client::EnvdError> for Error {
     }
 }
 
+/// Attaches the file and the action to an I/O error.
 pub(crate) trait IoContext<T> {
     fn ctx(self, what: &'static str, path: impl Into<PathBuf>) -> Result<T>;
 }
