@@ -30,12 +30,38 @@ pub enum HostError {
         used_for: String,
     },
 
+    /// A setting or a name that cannot be used.
+    #[error("invalid request: {0}")]
+    Invalid(String),
+
+    #[error("VMM for {id}: {source}")]
+    Vmm {
+        id: String,
+        // Boxed: VMM errors carry logs and would make every Result large.
+        #[source]
+        source: Box<siesta_vmm::VmmError>,
+    },
+
+    #[error("network for {id}: {source}")]
+    Net {
+        id: String,
+        #[source]
+        source: siesta_net::NetError,
+    },
+
     /// Work on a blocking thread panicked: a fault of siesta itself.
     #[error("internal error while {what}: {detail}")]
     Internal { what: String, detail: String },
 }
 
 impl HostError {
+    pub fn vmm(id: impl Into<String>, source: siesta_vmm::VmmError) -> Self {
+        HostError::Vmm {
+            id: id.into(),
+            source: Box::new(source),
+        }
+    }
+
     /// A [`HostError::MissingTool`] for `command`, one of
     /// [`crate::tools::HOST_TOOLS`].
     pub fn missing_tool(command: &str) -> Self {

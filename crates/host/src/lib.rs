@@ -9,15 +9,21 @@
 //! - [`disk`]: copy-on-write disks and `qemu-img`, never following a name
 //!   a VM could have written into an image;
 //! - [`tools`]: the host programs a node runs, and their packages;
-//! - [`blocking`]: work kept off the async threads.
+//! - [`blocking`]: work kept off the async threads;
+//! - [`node`]: the [`Host`]: VMM backend, network slots, configuration;
+//! - [`blob_checks`]: which template blobs were checked against their
+//!   digests.
 
+pub mod blob_checks;
 pub mod blocking;
 pub mod config;
 pub mod disk;
 mod error;
 pub mod ids;
 pub mod layout;
+pub mod node;
 pub mod tools;
 
 pub use config::NodeConfig;
 pub use error::{HostError, Result};
+pub use node::Host;

@@ -193,6 +193,9 @@ impl From<siesta_host::HostError> for Error {
                 used_for,
             },
             HostError::Internal { what, detail } => Error::Internal { what, detail },
+            HostError::Invalid(detail) => Error::Invalid(detail),
+            HostError::Vmm { id, source } => Error::Vmm { id, source },
+            HostError::Net { id, source } => Error::Net { id, source },
         }
     }
 }

@@ -330,7 +330,7 @@ impl VmmPool {
             Ok(slot) => slot,
             Err(e) => {
                 let _ = std::fs::remove_dir_all(&dir);
-                return Err(e);
+                return Err(e.into());
             }
         };
         let mut spec = incoming_spec(

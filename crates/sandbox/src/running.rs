@@ -28,7 +28,7 @@ pub(crate) fn set_running(sb: &mut Sandbox, r: Running, timeout: chrono::Duratio
 
 /// The live parts of a resumed VM.
 pub(crate) fn running(r: Resumed) -> Running {
-    let agent_addr = Node::agent_addr(&r.slot);
+    let agent_addr = siesta_host::Host::agent_addr(&r.slot);
     Running {
         vm: r.vm,
         slot: r.slot,

@@ -178,7 +178,7 @@ impl LazyFile {
         self.backing
             .sync_all()
             .map_err(|e| format!("syncing {}: {e}", self.path.display()))?;
-        let got = crate::template::integrity::sparse_sha256(&self.path)
+        let got = siesta_host::blob_checks::sparse_sha256(&self.path)
             .map_err(|e| format!("reading {}: {e}", self.path.display()))?;
         if got != self.index.sha256 {
             return Err(format!(

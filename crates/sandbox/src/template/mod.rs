@@ -7,7 +7,6 @@ mod derive;
 pub mod dockerfile;
 mod from_image;
 mod guest_tree;
-pub mod integrity;
 mod layered;
 pub(crate) mod manifest;
 mod publish;

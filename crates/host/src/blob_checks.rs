@@ -12,8 +12,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use crate::error::{Error, Result};
-use crate::template::Template;
+use crate::error::{HostError as Error, Result};
 
 /// What a check of one file found: `Err` says what is wrong.
 type Verdict = std::result::Result<(), String>;
@@ -34,14 +33,12 @@ impl BlobChecks {
         }
     }
 
-    /// Checks `template`'s memory and disk, hashing each only when its
-    /// stamp is not known good. Blocking (it may read gigabytes): call it
-    /// from a blocking thread.
-    pub fn check(&self, template: &Template) -> Result<()> {
-        for (path, sha) in [
-            (&template.memory, &template.record.memory.sha256),
-            (&template.disk, &template.record.disk.sha256),
-        ] {
+    /// Checks each `(file, sha256)`, hashing a file only when its stamp is
+    /// not known good; an empty digest (a record from before digests) is
+    /// not checked. Blocking (it may read gigabytes): call it from a
+    /// blocking thread.
+    pub fn check(&self, files: &[(&Path, &str)]) -> Result<()> {
+        for (path, sha) in files {
             if !sha.is_empty() {
                 self.check_file(path, sha)?;
             }
@@ -65,7 +62,7 @@ impl BlobChecks {
                 verdict
             }
         };
-        verdict.map_err(|detail| Error::CorruptSnapshot {
+        verdict.map_err(|detail| Error::CorruptImage {
             path: path.to_path_buf(),
             detail,
         })
@@ -109,7 +106,7 @@ impl BlobChecks {
 /// SHA-256 of a file's content, reading only its data extents: a hole is
 /// hashed as the zeros it reads as, without reading it (the blobs are
 /// mostly holes, and reading those costs more than hashing them here).
-pub(crate) fn sparse_sha256(path: &Path) -> std::io::Result<String> {
+pub fn sparse_sha256(path: &Path) -> std::io::Result<String> {
     use sha2::Digest;
     use std::io::{Read, Seek, SeekFrom};
     use std::os::fd::AsRawFd;
@@ -158,7 +155,7 @@ pub(crate) fn sparse_sha256(path: &Path) -> std::io::Result<String> {
 
 /// What identifies a file's content without reading it.
 fn stamp(path: &Path) -> Result<String> {
-    let m = std::fs::metadata(path).map_err(|e| Error::CorruptSnapshot {
+    let m = std::fs::metadata(path).map_err(|e| Error::CorruptImage {
         path: path.to_path_buf(),
         detail: format!("cannot be read: {e}"),
     })?;
