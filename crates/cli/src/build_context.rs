@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 use sha2::{Digest, Sha256};
-use siesta_sandbox::template::dockerfile::CopySpec;
-use siesta_sandbox::template::Step;
+use siesta_template::dockerfile::CopySpec;
+use siesta_template::Step;
 
 /// The COPY step for `spec`, with its files archived from `context`.
 pub fn copy_step(context: &Path, spec: &CopySpec, files: &Path) -> anyhow::Result<Step> {

@@ -7,7 +7,8 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use siesta_sandbox::config_file::{ConfigFile, ServerSection};
-use siesta_sandbox::{preflight, template, Node, NodeConfig, SandboxManager};
+use siesta_sandbox::{preflight, Node, NodeConfig, SandboxManager};
+use siesta_template as template;
 
 /// Each flag overrides `[server]` of `siesta.toml`, which overrides the
 /// default named here.

@@ -6,9 +6,9 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use siesta_image::Credentials;
-use siesta_sandbox::template::dockerfile::{self, Instruction};
-use siesta_sandbox::template::{self, BuildOptions, BuildSource, Step, StepsBuild};
 use siesta_sandbox::{Node, NodeConfig};
+use siesta_template::dockerfile::{self, Instruction};
+use siesta_template::{self as template, BuildOptions, BuildSource, Step, StepsBuild};
 
 // Parsed once per process: the size of the `Build` variant costs nothing.
 #[allow(clippy::large_enum_variant)]

@@ -119,7 +119,7 @@ pub enum Error {
     #[error("building template {template:?} failed at step {phase}: {detail}")]
     BuildFailed {
         template: String,
-        phase: crate::template::BuildPhase,
+        phase: siesta_template::BuildPhase,
         detail: String,
     },
 
@@ -171,6 +171,43 @@ impl Error {
             id: id.into(),
             source: Box::new(source),
         }
+    }
+}
+
+/// Template errors keep their kind: a template that is not there stays
+/// [`Error::TemplateNotFound`] (404), a failed build [`Error::BuildFailed`].
+impl From<siesta_template::Error> for Error {
+    fn from(e: siesta_template::Error) -> Self {
+        use siesta_template::Error as T;
+        match e {
+            T::TemplateNotFound { name } => Error::TemplateNotFound { name },
+            T::Invalid(detail) => Error::Invalid(detail),
+            T::Internal { what, detail } => Error::Internal { what, detail },
+            T::Io { what, path, source } => Error::Io { what, path, source },
+            T::CorruptSnapshot { path, detail } => Error::CorruptSnapshot { path, detail },
+            T::Incompatible { template, detail } => Error::Incompatible { template, detail },
+            T::Host(e) => e.into(),
+            T::Agent(e) => e.into(),
+            T::Command { what, detail } => Error::Command { what, detail },
+            T::BuildFailed {
+                template,
+                phase,
+                detail,
+            } => Error::BuildFailed {
+                template,
+                phase,
+                detail,
+            },
+            T::Image(e) => Error::Image(e),
+        }
+    }
+}
+
+/// Repository errors: an I/O error names its file; the rest say what the
+/// repository refused.
+impl From<siesta_snapshot::RepoError> for Error {
+    fn from(e: siesta_snapshot::RepoError) -> Self {
+        siesta_template::Error::from(e).into()
     }
 }
 

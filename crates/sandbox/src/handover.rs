@@ -171,7 +171,7 @@ impl SandboxManager {
 /// disk, its state linked in as it is.
 async fn republish(
     repo: &siesta_snapshot::Repository,
-    template: &crate::template::Template,
+    template: &siesta_template::Template,
     row: &SandboxRecord,
     fetched: &SnapshotRecord,
     dir: &std::path::Path,

@@ -1,7 +1,7 @@
-//! siesta-sandbox: templates and sandboxes.
+//! siesta-sandbox: sandboxes.
 //!
-//! A template is a booted, ready VM frozen to disk ([`template`]); a sandbox
-//! is born by resuming it ([`resume`], whose stages are timed in
+//! A template is a booted, ready VM frozen to disk (`siesta-template`); a
+//! sandbox is born by resuming it ([`resume`], whose stages are timed in
 //! [`stages`]); pre-spawned VMMs wait in the [`pool`]. [`manager`] ties them
 //! together for the CLI and the server. The VMM and the network come from
 //! `siesta-vmm` and `siesta-net`, held by the [`node`].
@@ -32,7 +32,6 @@ mod sandbox_template;
 pub mod snapshots;
 pub mod stages;
 pub mod store;
-pub mod template;
 mod volume_users;
 pub mod volumes;
 

@@ -32,8 +32,8 @@ use crate::sandbox::{
 };
 use crate::store;
 use crate::store::{ListQuery, Store, StoreError, DB_FILE};
-use crate::template::Template;
 use siesta_envd_client::{EnvdClient, ExecOutput, InitParams};
+use siesta_template::Template;
 
 pub use crate::lifecycle::{DEFAULT_TIMEOUT_SECS, MAX_TIMEOUT_SECS};
 
@@ -256,8 +256,8 @@ impl SandboxManager {
                     }
                     return Ok(Source::Template(Box::new(t)));
                 }
-                Err(Error::TemplateNotFound { .. }) => {}
-                Err(e) => return Err(e),
+                Err(siesta_template::Error::TemplateNotFound { .. }) => {}
+                Err(e) => return Err(e.into()),
             }
             if let Some(snap) = self.find_snapshot(name)? {
                 self.used_fetched(&snap.id);

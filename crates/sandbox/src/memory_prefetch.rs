@@ -15,7 +15,7 @@ use siesta_snapshot::prefetch::PrefetchConfig;
 use siesta_snapshot::{Manifest, PrefetchHandle, Prefetcher, Repository};
 
 use crate::stages::{BackgroundTiming, Stage, StageClock};
-use crate::template::Template;
+use siesta_template::Template;
 
 /// The node's prefetcher and its switch.
 pub struct MemoryPrefetch {
@@ -127,8 +127,8 @@ pub fn finish_at_ready(clock: &mut StageClock, handle: Option<PrefetchHandle>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::template::record::{FileRecord, TemplateRecord};
     use siesta_snapshot::record::{FileLocation, FileRef, SnapshotKind, SnapshotRecord};
+    use siesta_template::record::{FileRecord, TemplateRecord};
 
     const MEM: u64 = 32 * 4096;
 

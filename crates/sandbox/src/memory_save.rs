@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use siesta_vmm::{MemorySave, SaveInfo, StateWrite, VmInstance, VmmError};
 
-use crate::template::Template;
+use siesta_template::Template;
 
 /// How a save writes guest RAM.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -56,7 +56,7 @@ impl Node {
     /// Refuses a template whose memory or disk does not match its digests
     /// (hashed on first use and after a change; see
     /// `siesta_host::blob_checks`).
-    pub async fn check_template(&self, template: &crate::template::Template) -> Result<()> {
+    pub async fn check_template(&self, template: &siesta_template::Template) -> Result<()> {
         if template.lazy {
             // Every chunk is checked against its SHA-256 as it arrives, the
             // whole files once the fill ends; hashing here would fetch all

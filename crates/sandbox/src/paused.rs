@@ -32,7 +32,7 @@ use crate::memory_save::{self, SaveMemory, SaveReport};
 use crate::resume::{self, SavedState};
 use crate::running::{finish_stopping, running, set_running, stop_in_background, stop_running};
 use crate::sandbox::{Sandbox, SandboxState};
-use crate::template::Template;
+use siesta_template::Template;
 
 /// What is kept with a paused snapshot (the record's `meta`).
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -8,13 +8,13 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use siesta_net::Slot;
-use siesta_vmm::{DiskSpec, LaunchMode, LaunchSpec, MemoryBacking, VmInstance};
+use siesta_vmm::VmInstance;
 use tokio::sync::Mutex;
 
 use crate::error::{Error, IoContext, Result};
 use crate::node::Node;
-use crate::template::Template;
 use siesta_host::disk::create_overlay;
+use siesta_template::{incoming_spec, Template};
 
 /// A VMM process waiting in `-incoming` for a template's snapshot.
 ///
@@ -448,43 +448,5 @@ impl VmmPool {
         let _ = entry.vm.shutdown().await;
         self.node.release_slot(entry.slot).await;
         let _ = std::fs::remove_dir_all(&entry.dir);
-    }
-}
-
-/// The launch description of a VMM that will receive `template`'s snapshot:
-/// the template memory mapped privately (copy-on-write, page cache shared
-/// by every sandbox of the template) and the given disk.
-pub(crate) fn incoming_spec(
-    node: &Node,
-    template: &Template,
-    id: &str,
-    run_dir: PathBuf,
-    disk: PathBuf,
-    slot: &Slot,
-) -> LaunchSpec {
-    let rec = &template.record;
-    LaunchSpec {
-        id: id.to_string(),
-        run_dir,
-        vcpus: rec.vcpus,
-        memory_mib: rec.memory_mib.into(),
-        // This node's guest kernel and initramfs, not the paths the record
-        // names: a template fetched from another node (or a home that moved)
-        // names files of that node. The bytes are the same (the template's
-        // `guest_assets` digest).
-        kernel: node.config.layout().kernel(),
-        initrd: Some(node.config.layout().initrd()),
-        cmdline: rec.kernel_cmdline.clone(),
-        memory: MemoryBacking {
-            path: template.memory_path(),
-            shared: false,
-            prealloc: false,
-        },
-        // Every sandbox's disk is an overlay of its template's: named
-        // here, never read from the overlay's header (`disk_image`).
-        disk: Some(DiskSpec::overlay_of_raw(disk, template.disk_path())),
-        net: Some(node.net_spec(slot)),
-        mode: LaunchMode::Incoming,
-        serial_log: true,
     }
 }

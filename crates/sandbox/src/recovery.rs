@@ -162,7 +162,7 @@ fn settle(rec: &mut SandboxRecord, dir: &Path, repo: &Repository) -> Result<bool
 /// killed mid-build) and removes their directories; a build still running
 /// (a `siesta template build` beside the server) is left alone.
 fn remove_abandoned_builds(templates: &Path) {
-    for work in crate::template::work_dir::abandoned(templates) {
+    for work in siesta_template::work_dir::abandoned(templates) {
         tracing::warn!(dir = %work.display(), "removing a template build a previous process left");
         kill_leftover_vmms(&work);
         if let Err(e) = std::fs::remove_dir_all(&work) {
@@ -176,8 +176,8 @@ fn remove_abandoned_builds(templates: &Path) {
 /// recording still running (a `siesta template build` beside the server)
 /// is left alone.
 fn remove_abandoned_recordings(run: &Path) {
-    let prefix = crate::template::manifest::RECORDING_PREFIX;
-    for work in crate::template::work_dir::abandoned_with_prefix(run, prefix) {
+    let prefix = siesta_template::manifest::RECORDING_PREFIX;
+    for work in siesta_template::work_dir::abandoned_with_prefix(run, prefix) {
         tracing::warn!(dir = %work.display(), "removing a manifest recording a previous process left");
         kill_leftover_vmms(&work);
         if let Err(e) = std::fs::remove_dir_all(&work) {

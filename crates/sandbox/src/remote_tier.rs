@@ -19,8 +19,8 @@ use siesta_snapshot::{RepoError, Repository, SnapshotRecord};
 use crate::fetch_cache::FetchCache;
 use crate::key_locks::KeyLocks;
 use crate::lazy::LazyTier;
-use crate::template::Template;
 use crate::{Error, Result};
+use siesta_template::Template;
 
 /// The node's view of the shared object store.
 pub struct RemoteTier {
@@ -42,7 +42,7 @@ pub struct RemoteTier {
 /// a template, a snapshot's id, or the alias of a named snapshot.
 fn candidates(name: &str) -> [String; 3] {
     [
-        crate::template::alias(name),
+        siesta_template::alias(name),
         name.to_string(),
         format!("snapshot:{name}"),
     ]
@@ -77,7 +77,7 @@ impl RemoteTier {
             return Ok(None);
         };
         let _this_name = self.fetching.lock(name).await;
-        let alias = crate::template::alias(name);
+        let alias = siesta_template::alias(name);
         if local_alias(repo, &alias).await?.is_some() {
             return Ok(None);
         }
@@ -141,7 +141,7 @@ impl RemoteTier {
         repo: &Repository,
         name: &str,
     ) -> Result<Option<SnapshotRecord>> {
-        self.fetch_first(repo, name, &[crate::template::alias(name)])
+        self.fetch_first(repo, name, &[siesta_template::alias(name)])
             .await
     }
 

@@ -38,11 +38,12 @@ use siesta_vmm::{DiskSpec, VmInstance, VmmError};
 use crate::error::{Error, IoContext, Result};
 use crate::memory_prefetch::finish_at_ready;
 use crate::node::Node;
-use crate::pool::{incoming_spec, PooledVm, VmmPool};
+use crate::pool::{PooledVm, VmmPool};
 use crate::stages::{Stage, StageClock, StageTimings};
-use crate::template::{boot_spec, boot_until_healthy, Template, VmSize};
 use crate::volumes::{start_exports, Exports, VolumeMount};
 use siesta_envd_client::InitParams;
+use siesta_template::incoming_spec;
+use siesta_template::{boot_spec, boot_until_healthy, Template, VmSize};
 use siesta_volume::Volumes;
 
 /// A VM that came out of the resume path, running and initialised.

@@ -170,7 +170,7 @@ pub struct Running {
     /// The template it was resumed on: its pause and snapshots are taken
     /// over this one (its memory is what the VMM maps), whatever the
     /// template's name names by then.
-    pub template: crate::template::Template,
+    pub template: siesta_template::Template,
 }
 
 /// A sandbox as the manager holds it.

@@ -1,10 +1,10 @@
 //! Which template a sandbox runs on, and opening a template by name
 //! (fetched from the object store when this node lacks it).
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::manager::SandboxManager;
 use crate::sandbox::Sandbox;
-use crate::template::Template;
+use siesta_template::Template;
 
 impl SandboxManager {
     /// Template `name`, fetched from the object store first when this node
@@ -13,16 +13,16 @@ impl SandboxManager {
     pub(crate) async fn open_template(&self, name: &str) -> Result<Template> {
         let layout = self.node.config.layout();
         match (Template::open(&layout, name), self.remote()) {
-            (Err(Error::TemplateNotFound { .. }), Some(remote)) => {
+            (Err(siesta_template::Error::TemplateNotFound { .. }), Some(remote)) => {
                 remote.fetch_template(&self.repo()?, name).await?;
                 self.prune_fetched_later().await;
-                Template::open(&layout, name)
+                Ok(Template::open(&layout, name)?)
             }
             (opened, _) => {
                 if let Some((id, _)) = opened.as_ref().ok().and_then(Template::shared_memory) {
                     self.used_fetched(&id);
                 }
-                opened
+                Ok(opened?)
             }
         }
     }

@@ -24,9 +24,9 @@ use crate::memory_save::{self, SaveMemory};
 use crate::paused::{memory_of, verified_files};
 use crate::resume::{self, SavedState};
 use crate::sandbox::{SandboxInfo, DISK_FILE};
-use crate::template::Template;
 use crate::volumes::VolumeMount;
 use siesta_host::disk::{copy_sparse, rebase_onto};
+use siesta_template::Template;
 
 /// What is kept with a user snapshot (the record's `meta`).
 #[derive(Debug, Clone, Serialize, Deserialize)]

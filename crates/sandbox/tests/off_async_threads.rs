@@ -21,10 +21,10 @@ mod common;
 use common::{assets_dir, can_run_vms, netns_names, new_namespaces, node_config};
 
 use futures::FutureExt;
-use siesta_sandbox::template::{build_template, BuildOptions};
 use siesta_sandbox::{CreateRequest, Node, SandboxManager};
 use siesta_snapshot::repo::PublishStep;
 use siesta_snapshot::RepoError;
+use siesta_template::{build_template, BuildOptions};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
 async fn a_stalled_publication_leaves_the_async_threads_free() {

@@ -31,10 +31,10 @@ use common::{assets_dir, can_run_vms, exec_ok, netns_names, new_namespaces, node
 use futures::FutureExt;
 use siesta_sandbox::lazy::LazyTier;
 use siesta_sandbox::remote_tier::RemoteTier;
-use siesta_sandbox::template::{build_template, BuildOptions};
 use siesta_sandbox::{CreateRequest, Error, Node, SandboxManager};
 use siesta_snapshot::remote::{RemoteRepo, S3Config};
 use siesta_snapshot::Repository;
+use siesta_template::{build_template, BuildOptions};
 use weed::{weed_binary, Weed};
 
 fn home(prefix: &str) -> tempfile::TempDir {

@@ -24,8 +24,8 @@ use common::{assets_dir, can_run_vms, exec_ok, netns_names};
 
 use futures::FutureExt;
 use siesta_sandbox::sandbox::{Lifecycle, OnTimeout, SandboxState};
-use siesta_sandbox::template::{build_template, BuildOptions};
 use siesta_sandbox::{CreateRequest, Error, ListQuery, Node, NodeConfig, SandboxManager};
+use siesta_template::{build_template, BuildOptions};
 
 /// Running (not a zombie awaiting this process's wait).
 fn process_alive(pid: u32) -> bool {

@@ -20,10 +20,10 @@ use common::{assets_dir, can_run_vms, exec_ok, netns_names};
 use futures::FutureExt;
 use siesta_sandbox::paused;
 use siesta_sandbox::sandbox::SandboxState;
-use siesta_sandbox::template::{build_template, BuildOptions};
 use siesta_sandbox::{CreateRequest, Error, Node, NodeConfig, SandboxManager};
 use siesta_snapshot::record::{DISK, MEMORY, STATE};
 use siesta_snapshot::{Repository, SnapshotKind};
+use siesta_template::{build_template, BuildOptions};
 
 /// KiB of `file`'s mapping in process `pid` counted under the smaps `fields`
 /// (e.g. `Shared_Clean:` and `Shared_Dirty:` for the pages it shares with
@@ -432,6 +432,8 @@ async fn scenario(node: &Arc<Node>, m: &Arc<SandboxManager>, home: &Path) {
         .await
         .expect_err("a guest without agent");
     broken.shutdown().await;
+    // The agent's kind survives the template's error and the sandbox's.
+    let err = Error::from(err);
     assert!(matches!(err, Error::GuestNotReady { .. }), "{err}");
     assert!(
         !home.join("templates/never").exists() && !home.join("templates/.never.building").exists()

@@ -40,6 +40,13 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// A template's error answers as the sandbox layer's of the same kind.
+impl From<siesta_template::Error> for ApiError {
+    fn from(e: siesta_template::Error) -> Self {
+        Error::from(e).into()
+    }
+}
+
 impl From<Error> for ApiError {
     fn from(e: Error) -> Self {
         if e.is_missing_dependency() {

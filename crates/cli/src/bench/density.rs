@@ -15,8 +15,8 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::ValueEnum;
 use serde_json::json;
-use siesta_sandbox::template::Template;
 use siesta_sandbox::SandboxManager;
+use siesta_template::Template;
 
 use super::session::{create_pooled, Session};
 

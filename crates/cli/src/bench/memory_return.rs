@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use serde_json::json;
-use siesta_sandbox::template::Template;
 use siesta_sandbox::SandboxManager;
+use siesta_template::Template;
 use siesta_vmm::memory_return::Ksm;
 
 use super::density::vmm_memory;

@@ -8,8 +8,8 @@ use std::process::ExitCode;
 use anyhow::Context;
 use serde_json::json;
 use siesta_sandbox::stages::{Stage, StageTimings};
-use siesta_sandbox::template::{self, Template};
 use siesta_sandbox::{Node, SandboxManager};
+use siesta_template::{self as template, Template};
 
 use super::session::create_pooled;
 use crate::stats::{summarize, Summary};

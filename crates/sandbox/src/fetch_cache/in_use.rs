@@ -123,7 +123,7 @@ fn in_use(store: &Store, repo: &Repository) -> Result<HashSet<String>> {
         }
         let name = &row.template;
         ids.insert(name.clone());
-        for alias in [crate::template::alias(name), format!("snapshot:{name}")] {
+        for alias in [siesta_template::alias(name), format!("snapshot:{name}")] {
             if let Ok(Some(id)) = repo.alias_target(&alias) {
                 ids.insert(id);
             }

@@ -36,9 +36,9 @@ use siesta_snapshot::{Manifest, Repository, SnapshotKind, SnapshotRecord};
 use tokio::sync::watch;
 
 use crate::error::{Error, IoContext, Result};
-use crate::template::Template;
 pub use file::LazyFile;
 use fs::{Files, LazyFs};
+use siesta_template::Template;
 
 /// Chunks the background fill fetches at once.
 const FILL_THREADS: usize = 8;

@@ -4,8 +4,8 @@
 use std::sync::Arc;
 
 use crate::manager::SandboxManager;
-use crate::template::Template;
 use crate::Result;
+use siesta_template::Template;
 
 impl SandboxManager {
     /// Once lazily served `template` is whole (its files hashed then) and

@@ -10,8 +10,8 @@ use siesta_vmm::{Accel, AccelChoice, Vmm, VmmInfo};
 
 use super::{Check, PreflightOptions};
 use crate::config::{AccelSetting, NodeConfig};
-use crate::template::Template;
 use siesta_host::tools::{find_on_path, HostTool};
+use siesta_template::Template;
 
 const INSTALL_HINT: &str = "run scripts/install-deps.sh (or apt-get install";
 
@@ -266,7 +266,7 @@ pub(super) fn template(config: &NodeConfig, name: &str, vmm: Option<&VmmInfo>) -
     let rebuild = format!("run `siesta template build {name} --force`");
     let t = match Template::open(&config.layout(), name) {
         Ok(t) => t,
-        Err(crate::Error::TemplateNotFound { .. }) => {
+        Err(siesta_template::Error::TemplateNotFound { .. }) => {
             return Check::warn(
                 label,
                 format!("{name:?} does not exist: creates without a template name fail"),

@@ -95,7 +95,7 @@ fn untagged(st: &AppState, raw: &str) -> Result<String, ApiError> {
         return Ok(raw.to_string());
     };
     let layout = st.manager.node().config.layout();
-    let tags = siesta_sandbox::template::tags::of_template(&layout, name)?;
+    let tags = siesta_template::tags::of_template(&layout, name)?;
     if tag == "default" || tags.contains_key(tag) {
         Ok(name.to_string())
     } else {

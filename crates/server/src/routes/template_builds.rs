@@ -15,8 +15,8 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use siesta_sandbox::template::{self, BuildSource, Step, StepsBuild};
 use siesta_sandbox::Error;
+use siesta_template::{self as template, BuildSource, Step, StepsBuild};
 use utoipa::ToSchema;
 
 use super::{body, AppState};
@@ -398,7 +398,7 @@ async fn run(st: AppState, build_id: String, plan: StepsBuild) {
         }
         Err(e) => {
             let step = match &e {
-                Error::BuildFailed { phase, .. } => Some(phase.to_string()),
+                siesta_template::Error::BuildFailed { phase, .. } => Some(phase.to_string()),
                 _ => None,
             };
             let message = e.to_string();
@@ -528,7 +528,7 @@ pub async fn alias(
     let name = template_name(&alias)?;
     match template::Template::open(&layout, &name) {
         Ok(_) => Ok(Json(json!({ "templateID": name, "public": false }))),
-        Err(Error::TemplateNotFound { .. }) => Err(ApiError::new(
+        Err(siesta_template::Error::TemplateNotFound { .. }) => Err(ApiError::new(
             StatusCode::NOT_FOUND,
             format!("template alias {alias:?} not found"),
         )),

@@ -1,5 +1,5 @@
 //! Template tags: `POST /templates/tags`, `DELETE /templates/tags`,
-//! `GET /templates/{id}/tags` (`siesta_sandbox::template::tags`).
+//! `GET /templates/{id}/tags` (`siesta_template::tags`).
 
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, State};
@@ -8,7 +8,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use siesta_sandbox::template::{self, tags, Template};
+use siesta_template::{self as template, tags, Template};
 
 use super::template_builds::template_name;
 use super::{body, AppState};

@@ -3,7 +3,7 @@
 use axum::extract::State;
 use axum::Json;
 use serde_json::{json, Value};
-use siesta_sandbox::template::Template;
+use siesta_template::Template;
 
 use super::AppState;
 use crate::error::ApiError;
@@ -15,7 +15,7 @@ use crate::error::ApiError;
 )]
 pub async fn list(State(st): State<AppState>) -> Result<Json<Vec<Value>>, ApiError> {
     let layout = st.manager.node().config.layout();
-    let all = tokio::task::spawn_blocking(move || siesta_sandbox::template::list(&layout))
+    let all = tokio::task::spawn_blocking(move || siesta_template::list(&layout))
         .await
         .map_err(|e| {
             ApiError::new(axum::http::StatusCode::INTERNAL_SERVER_ERROR, e.to_string())

@@ -27,8 +27,8 @@ use siesta_sandbox::layout::Layout;
 use siesta_sandbox::pool::{PoolOptions, VmmPool};
 use siesta_sandbox::resume::{self, ResumeParams};
 use siesta_sandbox::stages::{Stage, StageTimings};
-use siesta_sandbox::template::{self, Template};
 use siesta_sandbox::Node;
+use siesta_template::{self as template, Template};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Compare {

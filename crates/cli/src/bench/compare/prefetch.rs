@@ -22,8 +22,8 @@ use serde_json::json;
 use siesta_sandbox::layout::Layout;
 use siesta_sandbox::pool::VmmPool;
 use siesta_sandbox::stages::{Stage, StageTimings};
-use siesta_sandbox::template::Template;
 use siesta_sandbox::Node;
+use siesta_template::Template;
 
 use super::{ready_template, resume_once, stage_table, stop, warm_pool, MAX_TRIES};
 use crate::bench::pagecache::{make_cold, make_warm, residency};

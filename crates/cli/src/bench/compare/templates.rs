@@ -14,8 +14,8 @@ use serde_json::json;
 use siesta_sandbox::layout::Layout;
 use siesta_sandbox::pool::VmmPool;
 use siesta_sandbox::stages::StageTimings;
-use siesta_sandbox::template::Template;
 use siesta_sandbox::Node;
+use siesta_template::Template;
 
 use super::followup::{host_ms, one_trial};
 use super::{ready_template, stage_table, warm_pool, MAX_TRIES};

@@ -6,10 +6,10 @@ use siesta_snapshot::record::{DISK, MEMORY, STATE};
 use siesta_snapshot::repo::{new_id, Placement, PublishFile, PublishRequest};
 use siesta_snapshot::{RepoError, Repository, SnapshotKind};
 
-use super::record::{TemplateRecord, DISK_FILE, MEMORY_FILE, STATE_FILE};
-use super::{alias, Template};
 use crate::error::Result;
-use crate::layout::Layout;
+use crate::record::{TemplateRecord, DISK_FILE, MEMORY_FILE, STATE_FILE};
+use crate::{alias, Template};
+use siesta_host::layout::Layout;
 
 /// [`publish_template`] on a blocking thread: it moves and fsyncs the
 /// template's files.
@@ -19,7 +19,7 @@ pub(crate) async fn publish_off_thread(
     work: &Path,
 ) -> Result<Template> {
     let (layout, work) = (layout.clone(), work.to_path_buf());
-    crate::blocking::run("publishing a template", move || {
+    siesta_host::blocking::run("publishing a template", move || {
         publish_template(&layout, &record, &work)
     })
     .await

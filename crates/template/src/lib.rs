@@ -1,25 +1,42 @@
-//! Templates: a booted, ready VM frozen to disk. Sandboxes are born by
-//! resuming one.
+//! siesta-template: templates, a booted, ready VM frozen to disk.
+//! Sandboxes are born by resuming one.
+//!
+//! - [`Template`] opens one (the one resolver: repository alias first, a
+//!   directory from before the repository second); [`record`] is what it
+//!   says of itself, [`tags`] its names;
+//! - builds: [`build_template`] (boot an image, wait for the agent,
+//!   freeze), [`build_from_steps`] (RUN/COPY/ENV/WORKDIR/USER steps over a
+//!   base, each step's disk cached), [`dockerfile`] (the Dockerfile subset);
+//! - [`launch`]: a template on a host, as a VMM's launch description;
+//! - [`record_startup_manifest`]: which memory a resume touches first.
+//!
+//! It needs the host (`siesta-host`) and the agent client
+//! (`siesta-envd-client`), never sandboxes' rows: `siesta-sandbox` sits
+//! above it.
 
 mod base;
 mod build;
 mod derive;
 pub mod dockerfile;
+pub mod error;
 mod from_image;
 mod guest_tree;
+pub mod launch;
 mod layered;
-pub(crate) mod manifest;
+pub mod manifest;
 mod publish;
 pub mod record;
 mod step_cache;
 pub mod steps;
 pub mod tags;
-pub(crate) mod work_dir;
+pub mod work_dir;
 
-pub(crate) use build::{boot_spec, boot_until_healthy, VmSize};
+pub use build::{boot_spec, boot_until_healthy, Booted, VmSize};
 pub use build::{build_template, cold_boot, BuildOptions};
 pub use derive::{build_from_steps, BuildLog, BuildPhase, LogLevel};
+pub use error::{Error, Result};
 pub use from_image::DEFAULT_FREE_MIB;
+pub use launch::incoming_spec;
 pub use manifest::{record_startup_manifest, spawn_manifest_recording, RecordedManifest};
 pub use record::TemplateRecord;
 pub use steps::{BuildSource, Step, StepsBuild};
@@ -30,8 +47,7 @@ use siesta_snapshot::record::FileRef;
 use siesta_snapshot::record::{DISK, MEMORY, STATE};
 use siesta_snapshot::{RepoError, Repository, SnapshotRecord};
 
-use crate::error::{Error, Result};
-use crate::layout::{validate_name, Layout};
+use siesta_host::layout::{validate_name, Layout};
 
 /// A template that exists on disk, with its record loaded.
 ///
@@ -89,7 +105,7 @@ impl Template {
 
     /// The template that snapshot `id` of `repo` holds; `None` when the
     /// repository has no snapshot of that id.
-    pub(crate) fn open_snapshot(repo: &Repository, id: &str) -> Result<Option<Self>> {
+    pub fn open_snapshot(repo: &Repository, id: &str) -> Result<Option<Self>> {
         match repo.get(id) {
             Ok(snap) => Self::from_snapshot(repo, snap).map(Some),
             Err(RepoError::NotFound(_)) => Ok(None),
@@ -105,14 +121,14 @@ impl Template {
     }
 
     /// This template, its files served lazily (see [`Template::lazy`]).
-    pub(crate) fn served_lazily(mut self) -> Self {
+    pub fn served_lazily(mut self) -> Self {
         self.lazy = true;
         self
     }
 
     /// Template snapshot `snap` of `repo` (or about to be in it), its
     /// files served from the given paths (`lazy.rs`: before it is whole).
-    pub(crate) fn served(
+    pub fn served(
         repo: &Repository,
         snap: SnapshotRecord,
         memory: PathBuf,
@@ -139,7 +155,7 @@ impl Template {
     /// The template's snapshot id and its shared memory blob, which the
     /// snapshots of its sandboxes reference instead of copying; `None` for
     /// a legacy directory template.
-    pub(crate) fn shared_memory(&self) -> Option<(String, FileRef)> {
+    pub fn shared_memory(&self) -> Option<(String, FileRef)> {
         let snap = self.snapshot.as_ref()?;
         Some((snap.id.clone(), snap.files.get(MEMORY)?.clone()))
     }
@@ -251,16 +267,4 @@ pub fn delete(layout: &Layout, name: &str) -> Result<bool> {
 
 pub(crate) fn is_complete(dir: &Path) -> bool {
     dir.join(record::RECORD_FILE).exists()
-}
-
-impl From<RepoError> for Error {
-    fn from(e: RepoError) -> Self {
-        match e {
-            RepoError::Io { what, path, source } => Error::Io { what, path, source },
-            other => Error::Command {
-                what: "snapshot repository".into(),
-                detail: other.to_string(),
-            },
-        }
-    }
 }

@@ -31,13 +31,13 @@ pub(crate) fn claim(dir: &Path) -> Result<()> {
 
 /// Build directories under `templates` whose owner no longer runs (or
 /// that name none: a crash before it was written).
-pub(crate) fn abandoned(templates: &Path) -> Vec<PathBuf> {
+pub fn abandoned(templates: &Path) -> Vec<PathBuf> {
     abandoned_where(templates, |n| n.starts_with('.') && n.ends_with(SUFFIX))
 }
 
 /// Directories under `parent` whose name starts with `prefix` and whose
 /// owner no longer runs (or that name none).
-pub(crate) fn abandoned_with_prefix(parent: &Path, prefix: &str) -> Vec<PathBuf> {
+pub fn abandoned_with_prefix(parent: &Path, prefix: &str) -> Vec<PathBuf> {
     abandoned_where(parent, |n| n.starts_with(prefix))
 }
 

@@ -14,15 +14,15 @@ use std::time::{Duration, Instant};
 use siesta_snapshot::pagemap::PagemapRecorder;
 use siesta_snapshot::Repository;
 
-use super::Template;
 use crate::error::{Error, IoContext, Result};
-use crate::node::Node;
-use crate::pool::incoming_spec;
+use crate::launch::incoming_spec;
+use crate::Template;
 use siesta_envd_client::InitParams;
 use siesta_host::disk::create_overlay;
+use siesta_host::Host;
 
 /// Recordings run in `$SIESTA_HOME/run/<RECORDING_PREFIX><hex>/`.
-pub(crate) const RECORDING_PREFIX: &str = "manifest-";
+pub const RECORDING_PREFIX: &str = "manifest-";
 
 /// How often the pagemap is sampled while the guest starts. Each sample
 /// reads 8 bytes per guest page (1 MiB for 512 MiB) in about a millisecond.
@@ -42,7 +42,7 @@ pub struct RecordedManifest {
 
 /// Records and attaches `template`'s startup manifest (see the module
 /// documentation). Leaves no VM, slot or file behind, also on failure.
-pub async fn record_startup_manifest(node: &Node, template: &Template) -> Result<RecordedManifest> {
+pub async fn record_startup_manifest(node: &Host, template: &Template) -> Result<RecordedManifest> {
     let snap = template.snapshot.clone().ok_or_else(|| {
         Error::Invalid(format!(
             "template {:?} is not in the snapshot repository (rebuild it)",
@@ -54,7 +54,7 @@ pub async fn record_startup_manifest(node: &Node, template: &Template) -> Result
     std::fs::create_dir_all(work.join("run")).ctx("creating recording directory", &work)?;
     // Its VM outlives a server killed mid-recording: the next server's
     // recovery kills it once this process is gone.
-    super::work_dir::claim(&work)?;
+    crate::work_dir::claim(&work)?;
     let result = async {
         let overlay = work.join("disk.qcow2");
         create_overlay(&template.disk_path(), &overlay).await?;
@@ -106,10 +106,14 @@ pub async fn record_startup_manifest(node: &Node, template: &Template) -> Result
 }
 
 /// Records in the background; the handle's result says how it went.
-pub fn spawn_manifest_recording(
-    node: Arc<Node>,
+/// `node` is anything that holds the host (`siesta-sandbox`'s `Node`).
+pub fn spawn_manifest_recording<N>(
+    node: Arc<N>,
     template: Template,
-) -> tokio::task::JoinHandle<Result<RecordedManifest>> {
+) -> tokio::task::JoinHandle<Result<RecordedManifest>>
+where
+    N: std::ops::Deref<Target = Host> + Send + Sync + 'static,
+{
     tokio::spawn(async move {
         let r = record_startup_manifest(&node, &template).await;
         if let Err(e) = &r {
@@ -120,7 +124,7 @@ pub fn spawn_manifest_recording(
 }
 
 async fn sample_until_ready(
-    node: &Node,
+    node: &Host,
     template: &Template,
     id: &str,
     slot: &siesta_net::Slot,

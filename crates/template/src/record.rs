@@ -78,7 +78,7 @@ pub struct TemplateDefaults {
     #[serde(default)]
     pub env: std::collections::BTreeMap<String, String>,
     #[serde(default)]
-    pub guest: crate::sandbox::GuestDefaults,
+    pub guest: siesta_envd_client::GuestDefaults,
     /// Started before the template was frozen: its sandboxes resume with
     /// it running.
     #[serde(default)]
@@ -165,7 +165,7 @@ pub(crate) async fn file_records(
     disk: &Path,
 ) -> Result<[FileRecord; 3]> {
     let [memory, state, disk] = [memory, state, disk].map(Path::to_path_buf);
-    crate::blocking::run("hashing a template's files", move || {
+    siesta_host::blocking::run("hashing a template's files", move || {
         Ok([
             file_record(&memory)?,
             file_record(&state)?,
@@ -178,9 +178,9 @@ pub(crate) async fn file_records(
 /// [`guest_assets_digest`] on a blocking thread (it reads the kernel,
 /// initramfs and agent whole).
 pub(crate) async fn guest_assets_digest_off_thread(
-    layout: crate::layout::Layout,
+    layout: siesta_host::layout::Layout,
 ) -> Result<String> {
-    crate::blocking::run("hashing the guest assets", move || {
+    siesta_host::blocking::run("hashing the guest assets", move || {
         guest_assets_digest(&layout)
     })
     .await
@@ -188,7 +188,7 @@ pub(crate) async fn guest_assets_digest_off_thread(
 
 /// SHA-256 over the guest kernel, initramfs and agent a cold boot uses
 /// now (the agent in the root images is the one in `assets/`).
-pub fn guest_assets_digest(layout: &crate::layout::Layout) -> Result<String> {
+pub fn guest_assets_digest(layout: &siesta_host::layout::Layout) -> Result<String> {
     let mut hasher = Sha256::new();
     for path in [layout.kernel(), layout.initrd(), layout.agent_bin()] {
         match std::fs::read(&path) {

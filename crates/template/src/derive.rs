@@ -12,23 +12,23 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::base::Base;
-use super::build::{
+use crate::base::Base;
+use crate::build::{
     boot_spec, boot_until_healthy, claim_build_agent, freeze, init_before_freeze, VmSize,
 };
-use super::layered::LayeredDisk;
-use super::publish::publish_off_thread;
-use super::record::{
+use crate::error::{Error, Result};
+use crate::layered::LayeredDisk;
+use crate::publish::publish_off_thread;
+use crate::record::{
     self, file_records, guest_assets_digest_off_thread, SourceImage, TemplateDefaults,
     TemplateRecord,
 };
-use super::steps::{Step, StepContext, StepsBuild};
-use super::Template;
-use crate::error::{Error, Result};
-use crate::layout::validate_name;
-use crate::node::Node;
-use crate::sandbox::GuestDefaults;
+use crate::steps::{Step, StepContext, StepsBuild};
+use crate::Template;
+use siesta_envd_client::GuestDefaults;
 use siesta_envd_client::{EnvdClient, ExecOptions};
+use siesta_host::layout::validate_name;
+use siesta_host::Host;
 
 /// How long the ready check may take before the build fails.
 const READY_TIMEOUT: Duration = Duration::from_secs(300);
@@ -70,7 +70,7 @@ pub type BuildLog = Arc<dyn Fn(LogLevel, &BuildPhase, &str) + Send + Sync>;
 /// the same name is returned as it is, and a build that shares its first
 /// steps with an earlier one starts after them (unless `build.rebuild_from`
 /// says otherwise).
-pub async fn build_from_steps(node: &Node, build: &StepsBuild, log: &BuildLog) -> Result<Template> {
+pub async fn build_from_steps(node: &Host, build: &StepsBuild, log: &BuildLog) -> Result<Template> {
     validate_name("template", &build.name).map_err(Error::Invalid)?;
     let layout = node.config.layout();
     let base = Base::resolve(node, &build.source, log)
@@ -89,7 +89,7 @@ pub async fn build_from_steps(node: &Node, build: &StepsBuild, log: &BuildLog) -
             }
         }
     }
-    let work = super::work_dir::create(&layout.templates(), &build.name)?;
+    let work = crate::work_dir::create(&layout.templates(), &build.name)?;
     let result = assemble(node, build, &base, key, &work, log).await;
     let published = match result {
         Ok(rec) => publish_off_thread(&layout, rec, &work).await,
@@ -98,7 +98,7 @@ pub async fn build_from_steps(node: &Node, build: &StepsBuild, log: &BuildLog) -
     let _ = std::fs::remove_dir_all(&work);
     LayeredDisk::prune(node).await;
     if let Ok(t) = &published {
-        super::build::trust_blobs(node, t);
+        crate::build::trust_blobs(node, t);
     }
     published.map_err(|e| failed(build, BuildPhase::Finalize, e))
 }
@@ -117,7 +117,7 @@ fn failed(build: &StepsBuild, phase: BuildPhase, e: Error) -> Error {
 /// Boots, runs the steps, freezes; returns the record of the frozen VM in
 /// `work` (not yet published).
 async fn assemble(
-    node: &Node,
+    node: &Host,
     build: &StepsBuild,
     base: &Base,
     key: String,

@@ -7,12 +7,13 @@ use siesta_vmm::{
     DiskFormat, DiskSpec, LaunchMode, LaunchSpec, MemoryBacking, MemorySave, VmInstance,
 };
 
-use super::record::{self, TemplateRecord};
-use super::{is_complete, Template};
 use crate::error::{Error, IoContext, Result};
-use crate::layout::validate_name;
-use crate::node::Node;
+use crate::record::{self, TemplateRecord};
+use crate::{is_complete, Template};
+use siesta_envd_client::EnvdError;
 use siesta_host::disk::{copy_sparse, create_overlay};
+use siesta_host::layout::validate_name;
+use siesta_host::Host;
 
 #[derive(Debug, Clone)]
 pub struct BuildOptions {
@@ -26,14 +27,14 @@ pub struct BuildOptions {
 /// Builds template `opts.name` and returns it. The template appears
 /// atomically: it is assembled in a hidden directory, then published into
 /// the snapshot repository (see `publish.rs`). Its startup manifest is
-/// recorded afterwards ([`super::record_startup_manifest`]).
+/// recorded afterwards ([`crate::record_startup_manifest`]).
 /// A build hashed what it published: its first use need not hash again.
-pub(crate) fn trust_blobs(node: &Node, t: &Template) {
+pub(crate) fn trust_blobs(node: &Host, t: &Template) {
     node.blob_checks.trust(&t.memory, &t.record.memory.sha256);
     node.blob_checks.trust(&t.disk, &t.record.disk.sha256);
 }
 
-pub async fn build_template(node: &Node, opts: &BuildOptions) -> Result<Template> {
+pub async fn build_template(node: &Host, opts: &BuildOptions) -> Result<Template> {
     validate_name("template", &opts.name).map_err(Error::Invalid)?;
     let layout = node.config.layout();
     if Template::open(&layout, &opts.name).is_ok() && !opts.force {
@@ -43,7 +44,7 @@ pub async fn build_template(node: &Node, opts: &BuildOptions) -> Result<Template
         )));
     }
     let image = check_assets(node, &opts.image)?;
-    let work = super::work_dir::create(&layout.templates(), &opts.name)?;
+    let work = crate::work_dir::create(&layout.templates(), &opts.name)?;
     let record = match freeze_into(node, opts, &image, &work).await {
         Ok(r) => r,
         Err(e) => {
@@ -51,7 +52,7 @@ pub async fn build_template(node: &Node, opts: &BuildOptions) -> Result<Template
             return Err(e);
         }
     };
-    let published = super::publish::publish_off_thread(&layout, record.clone(), &work).await;
+    let published = crate::publish::publish_off_thread(&layout, record.clone(), &work).await;
     let _ = std::fs::remove_dir_all(&work);
     let template = published?;
     trust_blobs(node, &template);
@@ -66,7 +67,7 @@ pub async fn build_template(node: &Node, opts: &BuildOptions) -> Result<Template
 
 /// Cold-boots `image` (over a throwaway overlay) until its agent answers and
 /// returns the time from spawning the VMM to that answer, in milliseconds.
-pub async fn cold_boot(node: &Node, image: &str) -> Result<f64> {
+pub async fn cold_boot(node: &Host, image: &str) -> Result<f64> {
     let image = check_assets(node, image)?;
     let work = node
         .config
@@ -95,7 +96,7 @@ pub async fn cold_boot(node: &Node, image: &str) -> Result<f64> {
     result
 }
 
-fn check_assets(node: &Node, image: &str) -> Result<PathBuf> {
+fn check_assets(node: &Host, image: &str) -> Result<PathBuf> {
     validate_name("image", image).map_err(Error::Invalid)?;
     let layout = node.config.layout();
     let image = layout.image(image);
@@ -116,13 +117,13 @@ fn check_assets(node: &Node, image: &str) -> Result<PathBuf> {
 
 /// The size of a VM: vCPUs and memory in MiB.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct VmSize {
+pub struct VmSize {
     pub vcpus: u32,
     pub memory_mib: u32,
 }
 
 impl VmSize {
-    pub fn of_node(node: &Node) -> Self {
+    pub fn of_node(node: &Host) -> Self {
         Self {
             vcpus: node.config.vcpus,
             memory_mib: node.config.memory_mib,
@@ -130,8 +131,8 @@ impl VmSize {
     }
 }
 
-pub(crate) fn boot_spec(
-    node: &Node,
+pub fn boot_spec(
+    node: &Host,
     id: &str,
     dir: &Path,
     size: VmSize,
@@ -160,11 +161,11 @@ pub(crate) fn boot_spec(
 }
 
 /// A booted VM and the slot it runs in.
-pub(super) type Booted = (Box<dyn VmInstance>, siesta_net::Slot);
+pub type Booted = (Box<dyn VmInstance>, siesta_net::Slot);
 
 /// Takes a slot, spawns and boots `spec` there and waits for the agent.
 /// On failure nothing is left running.
-pub(crate) async fn boot_until_healthy(node: &Node, mut spec: LaunchSpec) -> Result<(Booted, f64)> {
+pub async fn boot_until_healthy(node: &Host, mut spec: LaunchSpec) -> Result<(Booted, f64)> {
     let id = spec.id.clone();
     let slot = node.acquire_slot(&id).await?;
     spec.net = Some(node.net_spec(&slot));
@@ -184,7 +185,7 @@ pub(crate) async fn boot_until_healthy(node: &Node, mut spec: LaunchSpec) -> Res
         node.envd_client(&id, &slot, None)
             .wait_healthy(node.config.boot_ready_timeout)
             .await
-            .map_err(|e| with_serial_log(e.into(), &spec))
+            .map_err(|e| with_serial_log(e, &spec).into())
     }
     .await;
     match ready {
@@ -198,7 +199,7 @@ pub(crate) async fn boot_until_healthy(node: &Node, mut spec: LaunchSpec) -> Res
 }
 
 async fn freeze_into(
-    node: &Node,
+    node: &Host,
     opts: &BuildOptions,
     image: &Path,
     work: &Path,
@@ -266,9 +267,9 @@ async fn freeze_into(
 /// that run left it instead of faulting it in: half the stage
 /// (`siesta bench resume --compare templates`, docs/benchmarks.md). Each
 /// sandbox's `/init` sets everything again.
-pub(super) async fn init_before_freeze(
+pub(crate) async fn init_before_freeze(
     client: &siesta_envd_client::EnvdClient,
-    guest: &crate::sandbox::GuestDefaults,
+    guest: &siesta_envd_client::GuestDefaults,
 ) -> Result<()> {
     // An empty token clears the agent's; `None` would leave it as it is.
     let params = siesta_envd_client::InitParams::new(
@@ -283,13 +284,13 @@ pub(super) async fn init_before_freeze(
 /// nothing else on the host (the slot's address answers there) can drive
 /// it; returns the client that presents it. [`init_before_freeze`] clears
 /// it again, so the template is frozen without one.
-pub(super) async fn claim_build_agent(
-    node: &Node,
+pub(crate) async fn claim_build_agent(
+    node: &Host,
     id: &str,
     slot: &siesta_net::Slot,
-    guest: &crate::sandbox::GuestDefaults,
+    guest: &siesta_envd_client::GuestDefaults,
 ) -> Result<siesta_envd_client::EnvdClient> {
-    let token = crate::ids::new_token();
+    let token = siesta_host::ids::new_token();
     let params = siesta_envd_client::InitParams::new(
         Some(token.clone()),
         std::collections::HashMap::new(),
@@ -301,7 +302,7 @@ pub(super) async fn claim_build_agent(
 
 /// Stops the booted VM, saves its device state to `state` (RAM stays in
 /// the shared backing file) and shuts it down; the slot is released.
-pub(super) async fn freeze(node: &Node, id: &str, booted: Booted, state: &Path) -> Result<()> {
+pub(crate) async fn freeze(node: &Host, id: &str, booted: Booted, state: &Path) -> Result<()> {
     let (mut vm, slot) = booted;
     let frozen = async {
         vm.pause().await?;
@@ -313,7 +314,7 @@ pub(super) async fn freeze(node: &Node, id: &str, booted: Booted, state: &Path) 
 }
 
 /// Shuts the booted VM down and releases its slot.
-async fn stop_booted(node: &Node, booted: Booted) {
+async fn stop_booted(node: &Host, booted: Booted) {
     let (mut vm, slot) = booted;
     let _ = vm.shutdown().await;
     node.release_slot(slot).await;
@@ -321,14 +322,14 @@ async fn stop_booted(node: &Node, booted: Booted) {
 
 /// Appends the guest's console output to a readiness error: it is usually
 /// what says why the guest never answered.
-fn with_serial_log(err: Error, spec: &LaunchSpec) -> Error {
-    let Error::GuestNotReady { id, secs, detail } = err else {
+fn with_serial_log(err: EnvdError, spec: &LaunchSpec) -> EnvdError {
+    let EnvdError::GuestNotReady { id, secs, detail } = err else {
         return err;
     };
     let log = std::fs::read_to_string(spec.run_dir.join("serial.log")).unwrap_or_default();
     let lines: Vec<&str> = log.lines().collect();
     let tail = lines[lines.len().saturating_sub(15)..].join("\n");
-    Error::GuestNotReady {
+    EnvdError::GuestNotReady {
         id,
         secs,
         detail: format!("{detail}; last console lines:\n{tail}"),

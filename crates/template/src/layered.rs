@@ -16,16 +16,16 @@ use std::path::{Path, PathBuf};
 
 use siesta_vmm::{BackingFile, DiskFormat, DiskSpec, VmInstance};
 
-use super::base::Base;
-use super::derive::{BuildLog, BuildPhase, LogLevel};
-use super::step_cache::{Layer, StepCache};
-use super::steps::{step_key, StepContext, StepsBuild};
+use crate::base::Base;
+use crate::derive::{BuildLog, BuildPhase, LogLevel};
 use crate::error::{Error, Result};
-use crate::node::Node;
+use crate::step_cache::{Layer, StepCache};
+use crate::steps::{step_key, StepContext, StepsBuild};
 use siesta_host::disk::{copy_sparse, create_overlay_on, flatten};
+use siesta_host::Host;
 
 /// The disk of one build VM.
-pub(super) struct LayeredDisk {
+pub(crate) struct LayeredDisk {
     cache: StepCache,
     /// The last layer as the cache records it: what the steps so far left.
     top: Layer,
@@ -44,7 +44,7 @@ impl LayeredDisk {
     /// on it, and puts a fresh overlay on top. Returns the disk and how many
     /// steps it already holds.
     pub async fn prepare(
-        node: &Node,
+        node: &Host,
         build: &StepsBuild,
         base: &Base,
         work: &Path,
@@ -116,7 +116,7 @@ impl LayeredDisk {
     pub async fn commit(
         &mut self,
         vm: &mut dyn VmInstance,
-        step: &super::steps::Step,
+        step: &crate::steps::Step,
         ctx: &StepContext,
     ) -> Result<()> {
         let key = step_key(&self.top.key, step);
@@ -166,7 +166,7 @@ impl LayeredDisk {
     }
 
     /// Keeps the cache within the node's bound.
-    pub async fn prune(node: &Node) {
+    pub async fn prune(node: &Host) {
         let dir = node.config.layout().step_cache();
         let max = node.config.step_cache_mib << 20;
         let pruned = tokio::task::spawn_blocking(move || StepCache::open(dir)?.prune(max)).await;
@@ -181,7 +181,7 @@ impl LayeredDisk {
 
 /// Writes the base disk into the cache as the layer `key`.
 async fn write_base(
-    node: &Node,
+    node: &Host,
     cache: &StepCache,
     key: &str,
     build: &StepsBuild,

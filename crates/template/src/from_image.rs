@@ -13,24 +13,24 @@ use std::path::Path;
 
 use siesta_image::{BlobStore, FetchOptions, Image, ImageLimits, ImageSource};
 
-use super::derive::{BuildLog, BuildPhase, LogLevel};
-use super::guest_tree::GuestTree;
-use super::record::TemplateDefaults;
+use crate::derive::{BuildLog, BuildPhase, LogLevel};
 use crate::error::{Error, IoContext, Result};
-use crate::node::Node;
-use crate::sandbox::GuestDefaults;
+use crate::guest_tree::GuestTree;
+use crate::record::TemplateDefaults;
+use siesta_envd_client::GuestDefaults;
+use siesta_host::Host;
 
 /// Free space a disk gets beyond what the image uses, unless the build
 /// names a disk size.
 pub const DEFAULT_FREE_MIB: u64 = 1024;
 
 /// The node's image cache (`$SIESTA_HOME/cache/oci`).
-pub(super) fn open_cache(node: &Node) -> Result<BlobStore> {
+pub(crate) fn open_cache(node: &Host) -> Result<BlobStore> {
     Ok(BlobStore::open(node.config.layout().image_cache())?)
 }
 
 /// Fetches `source` into `store`.
-pub(super) async fn fetch(
+pub(crate) async fn fetch(
     store: &BlobStore,
     source: &ImageSource,
     opts: &FetchOptions,
@@ -79,7 +79,7 @@ fn progress_bar(layer: &str, done: u64, total: u64) -> String {
 /// How big an image's disk is: `disk_mib` in all, else what the files use
 /// plus `min_free_mib` (default [`DEFAULT_FREE_MIB`]) free.
 #[derive(Debug, Clone, Copy, Default)]
-pub(super) struct DiskRequest {
+pub(crate) struct DiskRequest {
     pub disk_mib: Option<u32>,
     pub min_free_mib: Option<u32>,
 }
@@ -87,8 +87,8 @@ pub(super) struct DiskRequest {
 /// Writes `image` as a bootable ext4 disk at `disk`, sized as `size` says;
 /// returns the template defaults its config gives. `work` holds the
 /// unpacked tree while this runs.
-pub(super) async fn write_disk(
-    node: &Node,
+pub(crate) async fn write_disk(
+    node: &Host,
     store: &BlobStore,
     image: &Image,
     work: &Path,
@@ -227,11 +227,11 @@ async fn mkfs(root: &Path, disk: &Path, size_mib: u64, inodes: u64) -> Result<()
         .output()
         .await
         .map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => Error::MissingTool {
+            std::io::ErrorKind::NotFound => Error::Host(siesta_host::HostError::MissingTool {
                 command: "mkfs.ext4".into(),
                 package: "e2fsprogs".into(),
                 used_for: "writes template disks".into(),
-            },
+            }),
             _ => Error::Io {
                 what: "running mkfs.ext4 for",
                 path: disk.to_path_buf(),

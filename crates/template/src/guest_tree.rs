@@ -26,7 +26,7 @@ use rustix::io::Errno;
 use crate::error::{Error, IoContext, Result};
 
 /// A root directory whose contents are reached only through itself.
-pub(super) struct GuestTree {
+pub(crate) struct GuestTree {
     root: OwnedFd,
     /// The root's host path, for messages only: nothing is opened by it.
     host: PathBuf,
@@ -38,7 +38,7 @@ const RETRIES: usize = 16;
 
 impl GuestTree {
     /// Opens `root` (itself a directory, not a link).
-    pub(super) fn open(root: &Path) -> Result<Self> {
+    pub(crate) fn open(root: &Path) -> Result<Self> {
         let fd = rustix::fs::open(
             root,
             OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
@@ -60,7 +60,7 @@ impl GuestTree {
     }
 
     /// Where `rel` is on the host, for messages only.
-    pub(super) fn host_path(&self, rel: &str) -> PathBuf {
+    pub(crate) fn host_path(&self, rel: &str) -> PathBuf {
         self.host.join(rel)
     }
 
@@ -90,13 +90,13 @@ impl GuestTree {
     }
 
     /// Whether `rel` leads to something, following links inside the root.
-    pub(super) fn exists(&self, rel: &str) -> bool {
+    pub(crate) fn exists(&self, rel: &str) -> bool {
         self.resolve(rel, OFlags::PATH).is_ok()
     }
 
     /// Whether there is an entry named `rel`, itself (a link that leads
     /// nowhere included).
-    pub(super) fn present(&self, rel: &str) -> bool {
+    pub(crate) fn present(&self, rel: &str) -> bool {
         let (parent, name) = split(rel);
         self.resolve(parent, OFlags::PATH | OFlags::DIRECTORY)
             .and_then(|dir| rustix::fs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW))
@@ -105,7 +105,7 @@ impl GuestTree {
 
     /// The directory `rel`, made (mode 0755, whatever the process's umask:
     /// the CLI's is 077) where it or any directory above it is missing.
-    pub(super) fn dir(&self, rel: &str) -> Result<File> {
+    pub(crate) fn dir(&self, rel: &str) -> Result<File> {
         let parts: Vec<&str> = rel
             .split('/')
             .filter(|p| !p.is_empty() && *p != ".")
@@ -160,7 +160,7 @@ impl GuestTree {
     /// The contents of regular file `rel` (links followed inside the root),
     /// at most `max` bytes; `None` when there is none. Anything else there
     /// (a directory, a pipe, a link that leads nowhere) is an error.
-    pub(super) fn read_file(&self, rel: &str, max: u64) -> Result<Option<Vec<u8>>> {
+    pub(crate) fn read_file(&self, rel: &str, max: u64) -> Result<Option<Vec<u8>>> {
         // O_NONBLOCK: opening a pipe must not wait for a writer.
         let fd = match self.resolve(rel, OFlags::RDONLY | OFlags::NONBLOCK) {
             Ok(fd) => fd,
@@ -187,7 +187,7 @@ impl GuestTree {
 
     /// Replaces whatever entry is at `rel` (a link is removed, not
     /// followed) with a regular file of `content`, owned by root.
-    pub(super) fn replace_file(&self, rel: &str, content: &[u8], mode: u32) -> Result<()> {
+    pub(crate) fn replace_file(&self, rel: &str, content: &[u8], mode: u32) -> Result<()> {
         let (parent, name) = split(rel);
         let dir = self.dir(parent)?;
         match rustix::fs::unlinkat(&dir, name, AtFlags::empty()) {
@@ -205,7 +205,7 @@ impl GuestTree {
     /// Appends `line` (and a newline, after one for an unterminated last
     /// line) to regular file `rel`, following links inside the root; a
     /// missing file is made with `mode`, owned by root.
-    pub(super) fn append_line(&self, rel: &str, line: &str, mode: u32) -> Result<()> {
+    pub(crate) fn append_line(&self, rel: &str, line: &str, mode: u32) -> Result<()> {
         let fd = match self.resolve(rel, OFlags::RDWR | OFlags::APPEND | OFlags::NONBLOCK) {
             Ok(fd) => fd,
             Err(Errno::NOENT) if self.present(rel) => {

@@ -5,19 +5,19 @@
 
 use std::path::Path;
 
-use super::build::VmSize;
-use super::derive::{BuildLog, BuildPhase, LogLevel};
-use super::from_image;
-use super::record::TemplateDefaults;
-use super::steps::{BuildSource, StepsBuild};
-use super::Template;
+use crate::build::VmSize;
+use crate::derive::{BuildLog, BuildPhase, LogLevel};
 use crate::error::{Error, IoContext, Result};
-use crate::node::Node;
+use crate::from_image;
+use crate::record::TemplateDefaults;
+use crate::steps::{BuildSource, StepsBuild};
+use crate::Template;
 use siesta_host::disk::copy_sparse;
+use siesta_host::Host;
 
 /// What a build starts from, resolved: a template of this node, or an
 /// image already in the blob cache.
-pub(super) enum Base {
+pub(crate) enum Base {
     Template(Box<Template>),
     Image {
         image: Box<siesta_image::Image>,
@@ -29,7 +29,7 @@ pub(super) enum Base {
 }
 
 impl Base {
-    pub(super) async fn resolve(node: &Node, source: &BuildSource, log: &BuildLog) -> Result<Self> {
+    pub(crate) async fn resolve(node: &Host, source: &BuildSource, log: &BuildLog) -> Result<Self> {
         match source {
             BuildSource::Template(name) => Ok(Base::Template(Box::new(Template::open(
                 &node.config.layout(),
@@ -65,7 +65,7 @@ impl Base {
     }
 
     /// What the cache key covers of the base.
-    pub(super) fn id(&self) -> String {
+    pub(crate) fn id(&self) -> String {
         match self {
             Base::Template(t) => t
                 .snapshot
@@ -79,7 +79,7 @@ impl Base {
         }
     }
 
-    pub(super) fn size(&self, node: &Node) -> VmSize {
+    pub(crate) fn size(&self, node: &Host) -> VmSize {
         match self {
             Base::Template(t) => VmSize {
                 vcpus: t.record.vcpus,
@@ -89,7 +89,7 @@ impl Base {
         }
     }
 
-    pub(super) fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         match self {
             Base::Template(t) => format!("from template {}", t.record.name),
             Base::Image { image, .. } => format!("from image {}", image.reference),
@@ -98,9 +98,9 @@ impl Base {
 
     /// Writes the build VM's disk at `disk`; returns the defaults the steps
     /// start from.
-    pub(super) async fn write_disk(
+    pub(crate) async fn write_disk(
         &self,
-        node: &Node,
+        node: &Host,
         build: &StepsBuild,
         work: &Path,
         disk: &Path,

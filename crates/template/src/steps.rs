@@ -123,7 +123,7 @@ pub struct StepsBuild {
     pub vcpus: Option<u32>,
     pub memory_mib: Option<u32>,
     /// Size of the template's disk in MiB; for an image, what its files
-    /// take plus [`super::DEFAULT_FREE_MIB`] if `None`; for a template, its
+    /// take plus [`crate::DEFAULT_FREE_MIB`] if `None`; for a template, its
     /// disk grown to this size.
     pub disk_mib: Option<u32>,
     /// Free space the disk keeps at least (E2B's `minFreeDiskMb`): an
@@ -209,7 +209,10 @@ pub struct StepContext {
 impl StepContext {
     /// E2B's starting point: user `user` in `/home/user`, with the source
     /// template's environment.
-    pub fn starting(env: BTreeMap<String, String>, guest: &crate::sandbox::GuestDefaults) -> Self {
+    pub fn starting(
+        env: BTreeMap<String, String>,
+        guest: &siesta_envd_client::GuestDefaults,
+    ) -> Self {
         Self {
             user: guest.user.clone(),
             workdir: guest.workdir.clone(),

@@ -27,12 +27,12 @@ use std::time::SystemTime;
 use serde::{Deserialize, Serialize};
 use siesta_vmm::DiskFormat;
 
-use super::steps::StepContext;
 use crate::error::{IoContext, Result};
+use crate::steps::StepContext;
 
 /// One cached layer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub(super) struct Layer {
+pub(crate) struct Layer {
     pub key: String,
     /// The image's file name in the cache directory.
     pub disk: String,
@@ -51,7 +51,7 @@ pub(super) struct Layer {
 
 /// An image in the cache directory and the driver that reads it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub(super) struct CachedImage {
+pub(crate) struct CachedImage {
     pub file: String,
     pub format: DiskFormat,
 }
@@ -77,7 +77,7 @@ impl Layer {
 
 /// The step cache directory of one node.
 #[derive(Debug, Clone)]
-pub(super) struct StepCache {
+pub(crate) struct StepCache {
     dir: PathBuf,
 }
 
