@@ -1,6 +1,8 @@
-//! The crate's dependency rules, checked on its source (issue 42; see
+//! The dependency rules, checked on the source (issue 42; see
 //! docs/architecture.md, "Dependency rules"):
 //!
+//! - **Crates depend only on the floors below them**: each crate's
+//!   `siesta-*` dependencies are the ones [`CRATE_RULES`] allows.
 //! - **The launch path never reaches the manager or the store.** `resume`
 //!   (what turns a template or a paused sandbox into a running VM) and every
 //!   module it imports, transitively, must not import `manager`, `store`,
@@ -187,4 +189,133 @@ fn imports_are_read_from_paths_and_groups() {
     assert_eq!(found, want);
     let commented = "/// See [`crate::manager`].\nfn x() {}\n#[cfg(test)]\nuse crate::store;";
     assert!(imports(&without_comments_and_tests(commented)).is_empty());
+}
+
+/// Each crate of the workspace and the siesta crates it may depend on
+/// (docs/architecture.md draws the same picture). Cargo already refuses a
+/// circle; this keeps the floors: a crate below `siesta-sandbox` never
+/// knows sandboxes, the agent client knows no node, and a new dependency
+/// is a decision someone wrote down here.
+const CRATE_RULES: &[(&str, &[&str])] = &[
+    ("envd-proto", &[]),
+    ("vmm", &[]),
+    ("net", &[]),
+    ("snapshot", &[]),
+    ("image", &[]),
+    ("volume", &[]),
+    ("agent", &["envd-proto"]),
+    ("envd-client", &["envd-proto"]),
+    (
+        "host",
+        &["vmm", "net", "image", "envd-client", "envd-proto"],
+    ),
+    (
+        "template",
+        &["host", "envd-client", "vmm", "net", "snapshot", "image"],
+    ),
+    (
+        "sandbox",
+        &[
+            "template",
+            "host",
+            "envd-client",
+            "envd-proto",
+            "vmm",
+            "net",
+            "snapshot",
+            "image",
+            "volume",
+        ],
+    ),
+    ("cluster", &["sandbox"]),
+    (
+        "server",
+        &[
+            "cluster",
+            "sandbox",
+            "template",
+            "volume",
+            "image",
+            "net",
+            "envd-proto",
+        ],
+    ),
+    (
+        "cli",
+        &[
+            "server",
+            "cluster",
+            "sandbox",
+            "template",
+            "envd-client",
+            "volume",
+            "image",
+            "snapshot",
+            "net",
+            "vmm",
+            "envd-proto",
+        ],
+    ),
+];
+
+/// The `siesta-*` crates in the `[dependencies]` table of `manifest` (not
+/// dev-dependencies: a test may reach anywhere).
+fn siesta_dependencies(manifest: &str) -> BTreeSet<String> {
+    let mut in_dependencies = false;
+    let mut found = BTreeSet::new();
+    for line in manifest.lines().map(str::trim) {
+        if line.starts_with('[') {
+            in_dependencies = line == "[dependencies]";
+        } else if let Some(rest) = line.strip_prefix("siesta-").filter(|_| in_dependencies) {
+            let end = rest
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
+                .unwrap_or(rest.len());
+            found.insert(rest[..end].to_string());
+        }
+    }
+    found
+}
+
+#[test]
+fn crates_depend_only_on_the_floors_below_them() {
+    let crates = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut seen = BTreeSet::new();
+    let mut broken = Vec::new();
+    for entry in std::fs::read_dir(&crates).expect("crates/") {
+        let dir = entry.expect("directory entry").path();
+        let manifest = dir.join("Cargo.toml");
+        let Ok(text) = std::fs::read_to_string(&manifest) else {
+            continue;
+        };
+        let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        let Some((_, allowed)) = CRATE_RULES.iter().find(|(c, _)| *c == name) else {
+            broken.push(format!("crates/{name} has no rule in CRATE_RULES"));
+            continue;
+        };
+        seen.insert(name.to_string());
+        for dep in siesta_dependencies(&text) {
+            if !allowed.contains(&dep.as_str()) {
+                broken.push(format!("siesta-{name} depends on siesta-{dep}"));
+            }
+        }
+    }
+    for (name, _) in CRATE_RULES {
+        assert!(
+            seen.contains(*name),
+            "CRATE_RULES names crates/{name}, which is not there"
+        );
+    }
+    assert!(
+        broken.is_empty(),
+        "dependency rules broken:\n{}",
+        broken.join("\n")
+    );
+}
+
+#[test]
+fn dependencies_are_read_from_the_dependencies_table_only() {
+    let manifest = "[package]\nname = \"siesta-x\"\n[dependencies]\nsiesta-host.workspace = true\n\
+                    siesta-vmm = { path = \"../vmm\" }\ntokio = \"1\"\n[dev-dependencies]\nsiesta-server.workspace = true\n";
+    let want: BTreeSet<String> = ["host", "vmm"].map(String::from).into();
+    assert_eq!(siesta_dependencies(manifest), want);
 }
