@@ -97,7 +97,7 @@ fn print_report(what: &str, report: &CheckReport) {
 
 /// The object store of `SIESTA_S3_*`, if one is configured, as the tier a
 /// node fetches missing templates and snapshots from.
-pub fn remote_tier_from_env() -> anyhow::Result<Option<siesta_sandbox::remote_tier::RemoteTier>> {
+pub fn remote_tier_from_env() -> anyhow::Result<Option<siesta_tier::RemoteTier>> {
     let Some(config) = S3Config::from_env()? else {
         return Ok(None);
     };
@@ -107,7 +107,7 @@ pub fn remote_tier_from_env() -> anyhow::Result<Option<siesta_sandbox::remote_ti
         config.endpoint,
         config.bucket
     );
-    Ok(Some(siesta_sandbox::remote_tier::RemoteTier::new(remote)))
+    Ok(Some(siesta_tier::RemoteTier::new(remote)))
 }
 
 /// How old an object no record reaches must be before `check --remote`

@@ -9,7 +9,8 @@
 //! - [`disk`]: copy-on-write disks and `qemu-img`, never following a name
 //!   a VM could have written into an image;
 //! - [`tools`]: the host programs a node runs, and their packages;
-//! - [`blocking`]: work kept off the async threads;
+//! - [`blocking`]: work kept off the async threads; [`key_locks`]: one
+//!   async lock per key;
 //! - [`node`]: the [`Host`]: VMM backend, network slots, configuration;
 //! - [`blob_checks`]: which template blobs were checked against their
 //!   digests.
@@ -20,6 +21,7 @@ pub mod config;
 pub mod disk;
 mod error;
 pub mod ids;
+pub mod key_locks;
 pub mod layout;
 pub mod node;
 pub mod tools;

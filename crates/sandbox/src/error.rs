@@ -203,6 +203,23 @@ impl From<siesta_template::Error> for Error {
     }
 }
 
+/// The object-store tier's errors keep their kind: a store that cannot
+/// give what a create named stays [`Error::Remote`] (502).
+impl From<siesta_tier::Error> for Error {
+    fn from(e: siesta_tier::Error) -> Self {
+        use siesta_tier::Error as T;
+        match e {
+            T::Remote { name, detail } => Error::Remote { name, detail },
+            T::RemoteWrite { what, id, detail } => Error::RemoteWrite { what, id, detail },
+            T::Io { what, path, source } => Error::Io { what, path, source },
+            T::Internal { what, detail } => Error::Internal { what, detail },
+            T::Repo(e) => e.into(),
+            T::Template(e) => e.into(),
+            T::Host(e) => e.into(),
+        }
+    }
+}
+
 /// Repository errors: an I/O error names its file; the rest say what the
 /// repository refused.
 impl From<siesta_snapshot::RepoError> for Error {

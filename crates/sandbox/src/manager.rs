@@ -84,13 +84,13 @@ pub struct SandboxManager {
     pub(crate) reaper: Reaper,
     /// Creates with one idempotency key run one at a time, so two retries
     /// of one request never both create (other keys do not wait).
-    pub(crate) keyed_creates: crate::key_locks::KeyLocks,
+    pub(crate) keyed_creates: siesta_host::key_locks::KeyLocks,
     /// Run at every step of this manager's publications (tests only).
     #[cfg(feature = "test-hooks")]
     publish_hook: std::sync::OnceLock<siesta_snapshot::repo::PublishHook>,
     /// The shared object store, where templates and snapshots this node
     /// lacks are fetched from (none configured: only local ones exist).
-    remote: std::sync::OnceLock<Arc<crate::remote_tier::RemoteTier>>,
+    remote: std::sync::OnceLock<Arc<siesta_tier::RemoteTier>>,
     /// Exclusive lock on the data directory (`siesta.lock`), held for the
     /// manager's life: two managers on one home would each "recover" the
     /// other's live sandboxes.
@@ -183,7 +183,7 @@ impl SandboxManager {
             persistent,
             closed: AtomicBool::new(false),
             reaper: Reaper::default(),
-            keyed_creates: crate::key_locks::KeyLocks::default(),
+            keyed_creates: siesta_host::key_locks::KeyLocks::default(),
             #[cfg(feature = "test-hooks")]
             publish_hook: std::sync::OnceLock::new(),
             remote: std::sync::OnceLock::new(),
@@ -246,7 +246,7 @@ impl SandboxManager {
 
     /// What a create's `template` names: a local template, else a local
     /// user snapshot, else (with an object store) either of them fetched
-    /// from the store (see `remote_tier.rs`).
+    /// from the store (see `siesta_tier`).
     async fn source(&self, name: &str) -> Result<Source> {
         for fetched in [false, true] {
             match Template::open(&self.node.config.layout(), name) {
@@ -282,7 +282,7 @@ impl SandboxManager {
     }
 
     /// The object-store tier, if one is configured.
-    pub fn remote(&self) -> Option<&Arc<crate::remote_tier::RemoteTier>> {
+    pub fn remote(&self) -> Option<&Arc<siesta_tier::RemoteTier>> {
         self.remote.get()
     }
 
@@ -347,11 +347,11 @@ impl SandboxManager {
     /// Gives the manager the node's object store: a create that names a
     /// template or snapshot not here fetches it from there first. Only the
     /// first call takes effect.
-    pub fn set_remote(&self, remote: crate::remote_tier::RemoteTier) {
+    pub fn set_remote(&self, remote: siesta_tier::RemoteTier) {
         let config = &self.node.config;
         let remote = match remote.cache() {
             Some(_) => remote,
-            None => remote.with_cache(crate::fetch_cache::FetchCache::new(
+            None => remote.with_cache(siesta_tier::fetch_cache::FetchCache::new(
                 config.layout().fetched(),
                 config.fetch_cache_mib << 20,
             )),
@@ -359,7 +359,7 @@ impl SandboxManager {
         let remote = match remote.lazy() {
             Some(_) => remote,
             None if !config.lazy_fetch => remote,
-            None => match crate::lazy::LazyTier::mount(&config.layout().lazy()) {
+            None => match siesta_tier::lazy::LazyTier::mount(&config.layout().lazy()) {
                 Ok(lazy) => remote.with_lazy(lazy),
                 Err(e) => {
                     tracing::warn!("templates from the object store are fetched whole: {e}");

@@ -213,9 +213,11 @@ const CRATE_RULES: &[(&str, &[&str])] = &[
         "template",
         &["host", "envd-client", "vmm", "net", "snapshot", "image"],
     ),
+    ("tier", &["host", "snapshot", "template"]),
     (
         "sandbox",
         &[
+            "tier",
             "template",
             "host",
             "envd-client",
@@ -246,6 +248,7 @@ const CRATE_RULES: &[(&str, &[&str])] = &[
             "server",
             "cluster",
             "sandbox",
+            "tier",
             "template",
             "envd-client",
             "volume",

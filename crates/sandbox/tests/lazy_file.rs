@@ -14,10 +14,10 @@ mod weed;
 use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
-use siesta_sandbox::lazy::LazyFile;
 use siesta_snapshot::remote::RemoteRepo;
 use siesta_snapshot::repo::{Placement, PublishFile, PublishRequest};
 use siesta_snapshot::{Repository, SnapshotKind};
+use siesta_tier::lazy::LazyFile;
 use weed::{weed_binary, Weed};
 
 const MIB: usize = 1 << 20;

@@ -29,12 +29,12 @@ mod weed;
 
 use common::{assets_dir, can_run_vms, exec_ok, netns_names, new_namespaces, node_config};
 use futures::FutureExt;
-use siesta_sandbox::lazy::LazyTier;
-use siesta_sandbox::remote_tier::RemoteTier;
 use siesta_sandbox::{CreateRequest, Error, Node, SandboxManager};
 use siesta_snapshot::remote::{RemoteRepo, S3Config};
 use siesta_snapshot::Repository;
 use siesta_template::{build_template, BuildOptions};
+use siesta_tier::lazy::LazyTier;
+use siesta_tier::RemoteTier;
 use weed::{weed_binary, Weed};
 
 fn home(prefix: &str) -> tempfile::TempDir {
@@ -160,7 +160,7 @@ async fn evicted_and_fetched_again(m: &Arc<SandboxManager>, child: &str) {
     let stored = repo.resolve("snapshot:stored").unwrap();
     let (stored, base) = (stored.id, stored.parent.expect("taken over base"));
     m.pause(child).await.expect("pause");
-    let ids = |ev: Vec<siesta_sandbox::fetch_cache::Evicted>| -> Vec<String> {
+    let ids = |ev: Vec<siesta_tier::fetch_cache::Evicted>| -> Vec<String> {
         ev.into_iter().map(|e| e.id).collect()
     };
     let evicted = m.prune_fetched(Some(0), Duration::ZERO).await.unwrap();

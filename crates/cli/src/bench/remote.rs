@@ -19,11 +19,11 @@ use std::time::Instant;
 
 use anyhow::Context;
 use serde_json::json;
-use siesta_sandbox::remote_tier::RemoteTier;
 use siesta_sandbox::{CreateRequest, Node, NodeConfig, SandboxManager};
 use siesta_snapshot::remote::{RemoteError, RemoteRepo, S3Config, FETCH_CONCURRENCY};
 use siesta_snapshot::Repository;
 use siesta_template as template;
+use siesta_tier::RemoteTier;
 
 use crate::stats::summarize;
 

@@ -9,12 +9,12 @@ type Lock = Arc<tokio::sync::Mutex<()>>;
 
 /// The locks of the keys in use; a key's lock goes with its last holder.
 #[derive(Default)]
-pub(crate) struct KeyLocks {
+pub struct KeyLocks {
     locks: Mutex<HashMap<String, Lock>>,
 }
 
 /// Held while the key's work runs.
-pub(crate) struct KeyGuard<'a> {
+pub struct KeyGuard<'a> {
     owner: &'a KeyLocks,
     key: String,
     lock: Lock,

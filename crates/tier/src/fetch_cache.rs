@@ -58,6 +58,12 @@ impl FetchCache {
         self.max_bytes
     }
 
+    /// The same cache under another bound (a prune asked for by hand).
+    pub fn with_max_bytes(mut self, max_bytes: u64) -> Self {
+        self.max_bytes = max_bytes;
+        self
+    }
+
     /// Whether `record` is kept as a fetched snapshot: templates and user
     /// snapshots. A fetched pause (another node's sandbox taken over) is
     /// republished as this node's own and is not a cache entry.
@@ -222,6 +228,5 @@ fn parents(repo: &Repository) -> Result<HashSet<String>> {
     Ok(repo.list()?.into_iter().filter_map(|r| r.parent).collect())
 }
 
-mod in_use;
 #[cfg(test)]
 mod tests;

@@ -23,7 +23,6 @@
 
 mod file;
 mod fs;
-mod sandboxes;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};

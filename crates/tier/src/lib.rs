@@ -1,4 +1,4 @@
-//! The object-store tier of the repository (docs/cluster.md, §2): a
+//! siesta-tier: the object-store tier of the repository (docs/cluster.md, §2): a
 //! template or a snapshot this node lacks is fetched from the shared S3
 //! repository the first time a create names it, then resumed as a local
 //! one (and stays local: the next create is an ordinary resume).
@@ -16,11 +16,16 @@ use std::time::Instant;
 use siesta_snapshot::remote::{RemoteError, RemoteRepo};
 use siesta_snapshot::{RepoError, Repository, SnapshotRecord};
 
-use crate::fetch_cache::FetchCache;
-use crate::key_locks::KeyLocks;
-use crate::lazy::LazyTier;
-use crate::{Error, Result};
+use siesta_host::key_locks::KeyLocks;
 use siesta_template::Template;
+
+pub mod error;
+pub mod fetch_cache;
+pub mod lazy;
+
+pub use error::{Error, Result};
+pub use fetch_cache::FetchCache;
+pub use lazy::LazyTier;
 
 /// The node's view of the shared object store.
 pub struct RemoteTier {
@@ -264,7 +269,7 @@ fn remote_err(name: &str, e: RemoteError) -> Error {
 
 async fn local_alias(repo: &Repository, alias: &str) -> Result<Option<String>> {
     let alias = alias.to_string();
-    crate::blocking::repo(repo, "reading a local alias", move |r| {
+    on_blocking_thread(repo, "reading a local alias", move |r| {
         r.alias_target(&alias)
     })
     .await
@@ -272,13 +277,24 @@ async fn local_alias(repo: &Repository, alias: &str) -> Result<Option<String>> {
 
 async fn blocking_resolve(repo: &Repository, alias: &str) -> Result<SnapshotRecord> {
     let alias = alias.to_string();
-    crate::blocking::repo(repo, "resolving a local alias", move |r| r.resolve(&alias)).await
+    on_blocking_thread(repo, "resolving a local alias", move |r| r.resolve(&alias)).await
 }
 
 async fn set_local_alias(repo: &Repository, alias: &str, id: &str) -> Result<()> {
     let (alias, id) = (alias.to_string(), id.to_string());
-    crate::blocking::repo(repo, "setting a local alias", move |r| {
+    on_blocking_thread(repo, "setting a local alias", move |r| {
         r.set_alias(&alias, &id)
     })
     .await
+}
+
+/// Runs `f` with the repository on a blocking thread (it fsyncs, and
+/// waits while another writer holds a lock).
+async fn on_blocking_thread<T, F>(repo: &Repository, what: &str, f: F) -> Result<T>
+where
+    F: FnOnce(&Repository) -> std::result::Result<T, RepoError> + Send + 'static,
+    T: Send + 'static,
+{
+    let repo = repo.clone();
+    siesta_host::blocking::run(what, move || Ok(f(&repo)?)).await
 }

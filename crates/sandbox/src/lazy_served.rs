@@ -35,7 +35,7 @@ impl SandboxManager {
     /// is in the repository: a pause or snapshot references its files.
     pub(crate) async fn wait_served(&self, template: &Template) -> Result<()> {
         match (self.remote(), &template.snapshot) {
-            (Some(remote), Some(snap)) => remote.wait_imported(&snap.id).await,
+            (Some(remote), Some(snap)) => Ok(remote.wait_imported(&snap.id).await?),
             _ => Ok(()),
         }
     }

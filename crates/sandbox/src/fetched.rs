@@ -8,12 +8,12 @@ use std::time::Duration;
 
 use siesta_snapshot::Repository;
 
-use super::{Evicted, FetchCache, MIN_IDLE};
 use crate::manager::SandboxManager;
 use crate::pool::VmmPool;
 use crate::sandbox::SandboxState;
 use crate::store::Store;
 use crate::Result;
+use siesta_tier::fetch_cache::{Evicted, FetchCache, MIN_IDLE};
 
 impl SandboxManager {
     /// Records a use of snapshot `id` (a template or user snapshot a create
@@ -71,7 +71,7 @@ impl SandboxManager {
         };
         let mut cache = cache.clone();
         if let Some(bytes) = max_bytes {
-            cache.max_bytes = bytes;
+            cache = cache.with_max_bytes(bytes);
         }
         let Some(running) = self.running_templates().await else {
             return Ok(Vec::new());
@@ -100,7 +100,7 @@ async fn prune(
     let evicted = crate::blocking::run("pruning the fetched snapshots", move || {
         let mut in_use = in_use(&store, &repo2)?;
         in_use.extend(running);
-        cache2.prune(&repo2, &in_use, min_idle)
+        Ok::<_, crate::Error>(cache2.prune(&repo2, &in_use, min_idle)?)
     })
     .await?;
     // Pooled VMMs of an evicted template map its deleted files: they would
