@@ -108,16 +108,17 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let remote = crate::repo::remote_tier_from_env()?;
     let node = Node::start(config).await?;
     // Loads the sandboxes a previous run left: paused ones stay resumable.
-    let manager = match SandboxManager::open_with_volumes(node.clone(), Some(volumes.clone())) {
+    let mut builder = SandboxManager::builder(node.clone()).volumes(volumes.clone());
+    if let Some(remote) = remote {
+        builder = builder.remote(remote);
+    }
+    let manager = match builder.open() {
         Ok(m) => m,
         Err(e) => {
             node.shutdown().await;
             return Err(e).context("opening the node's sandboxes");
         }
     };
-    if let Some(remote) = remote {
-        manager.set_remote(remote);
-    }
     let cluster = match crate::serve_cluster::join(&cluster_args, args.listen, &manager).await {
         Ok(c) => c,
         Err(e) => {

@@ -7,6 +7,7 @@
 //! `siesta-vmm` and `siesta-net`, held by the [`node`].
 
 pub mod blocking;
+mod builder;
 pub mod console;
 pub mod error;
 mod fetched;
@@ -33,6 +34,7 @@ pub mod store;
 mod volume_users;
 pub mod volumes;
 
+pub use builder::ManagerBuilder;
 pub use config::NodeConfig;
 pub use error::{Error, Result};
 pub use manager::{CreateRequest, SandboxManager};

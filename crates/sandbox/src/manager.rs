@@ -19,6 +19,7 @@ use chrono::Utc;
 use siesta_net::EgressPolicy;
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
+use crate::builder::ManagerBuilder;
 use crate::error::{Error, IoContext, Result};
 use crate::lifecycle::{deadline, Reaper};
 use crate::memory_save::{SaveMemory, SaveReport};
@@ -31,7 +32,7 @@ use crate::sandbox::{
     qcow2_virtual_size, Lifecycle, Sandbox, SandboxInfo, SandboxRecord, SandboxState, DISK_FILE,
 };
 use crate::store;
-use crate::store::{ListQuery, Store, StoreError, DB_FILE};
+use crate::store::{ListQuery, Store, StoreError};
 use siesta_envd_client::{EnvdClient, ExecOutput, InitParams};
 use siesta_template::Template;
 
@@ -87,10 +88,10 @@ pub struct SandboxManager {
     pub(crate) keyed_creates: siesta_host::key_locks::KeyLocks,
     /// Run at every step of this manager's publications (tests only).
     #[cfg(feature = "test-hooks")]
-    publish_hook: std::sync::OnceLock<siesta_snapshot::repo::PublishHook>,
+    publish_hook: Option<siesta_snapshot::repo::PublishHook>,
     /// The shared object store, where templates and snapshots this node
     /// lacks are fetched from (none configured: only local ones exist).
-    remote: std::sync::OnceLock<Arc<siesta_tier::RemoteTier>>,
+    remote: Option<Arc<siesta_tier::RemoteTier>>,
     /// Exclusive lock on the data directory (`siesta.lock`), held for the
     /// manager's life: two managers on one home would each "recover" the
     /// other's live sandboxes.
@@ -106,62 +107,51 @@ pub struct SandboxManager {
     pub(crate) operations: tokio_util::task::TaskTracker,
 }
 
+/// What a manager starts with ([`crate::builder::ManagerBuilder`]).
+pub(crate) struct Parts {
+    pub node: Arc<Node>,
+    pub store: Store,
+    /// The rows recovered from the store.
+    pub records: Vec<SandboxRecord>,
+    pub persistent: bool,
+    pub home_lock: Option<std::fs::File>,
+    pub volumes: Option<Arc<siesta_volume::Volumes>>,
+    pub remote: Option<Arc<siesta_tier::RemoteTier>>,
+    #[cfg(feature = "test-hooks")]
+    pub publish_hook: Option<siesta_snapshot::repo::PublishHook>,
+}
+
 impl SandboxManager {
-    /// Opens the node's sandboxes: takes the data directory's lock, opens
-    /// (or creates) `$SIESTA_HOME/siesta.db`, recovers what a previous
-    /// server left (see [`crate::recovery`]) and starts the reaper. Paused
-    /// sandboxes are listed and resumable; running ones whose VM did not
-    /// survive are reported dead. Call within a tokio runtime.
+    /// A manager for `node`, given what it holds for its life, then opened
+    /// on the node's home ([`ManagerBuilder::open`]) or kept in memory
+    /// ([`ManagerBuilder::ephemeral`]).
+    pub fn builder(node: Arc<Node>) -> ManagerBuilder {
+        ManagerBuilder::new(node)
+    }
+
+    /// `SandboxManager::builder(node).open()`: the node's sandboxes, with
+    /// no volumes and no object store.
     pub fn open(node: Arc<Node>) -> Result<Arc<Self>> {
-        Self::open_with_volumes(node, None)
+        Self::builder(node).open()
     }
 
-    /// [`SandboxManager::open`], with the node's volumes for sandboxes to
-    /// mount.
-    pub fn open_with_volumes(
-        node: Arc<Node>,
-        volumes: Option<Arc<siesta_volume::Volumes>>,
-    ) -> Result<Arc<Self>> {
-        let layout = node.config.layout();
-        let sandboxes = layout.sandboxes();
-        std::fs::create_dir_all(&sandboxes).ctx("creating sandboxes directory", &sandboxes)?;
-        let lock = crate::recovery::lock_home(layout.home())?;
-        let store = Store::open(&layout.home().join(DB_FILE))?;
-        let records = crate::recovery::recover(&store, &layout)?;
-        Ok(Self::start(node, store, records, true, Some(lock), volumes))
-    }
-
-    /// A manager whose state lives in memory only (benchmarks, tests): it
-    /// recovers nothing and kills its sandboxes at shutdown. It shares the
-    /// data directory's `sandboxes/` with a server that may run beside it,
-    /// so it never cleans other directories there.
+    /// `SandboxManager::builder(node).ephemeral()`.
     pub fn ephemeral(node: Arc<Node>) -> Result<Arc<Self>> {
-        Self::ephemeral_with_volumes(node, None)
+        Self::builder(node).ephemeral()
     }
 
-    /// [`SandboxManager::ephemeral`], with volumes its sandboxes may mount.
-    pub fn ephemeral_with_volumes(
-        node: Arc<Node>,
-        volumes: Option<Arc<siesta_volume::Volumes>>,
-    ) -> Result<Arc<Self>> {
-        Ok(Self::start(
+    pub(crate) fn start(parts: Parts) -> Arc<Self> {
+        let Parts {
             node,
-            Store::in_memory()?,
-            Vec::new(),
-            false,
-            None,
+            store,
+            records,
+            persistent,
+            home_lock,
             volumes,
-        ))
-    }
-
-    fn start(
-        node: Arc<Node>,
-        store: Store,
-        records: Vec<SandboxRecord>,
-        persistent: bool,
-        lock: Option<std::fs::File>,
-        volumes: Option<Arc<siesta_volume::Volumes>>,
-    ) -> Arc<Self> {
+            remote,
+            #[cfg(feature = "test-hooks")]
+            publish_hook,
+        } = parts;
         let layout = node.config.layout();
         let entries = records
             .into_iter()
@@ -185,9 +175,9 @@ impl SandboxManager {
             reaper: Reaper::default(),
             keyed_creates: siesta_host::key_locks::KeyLocks::default(),
             #[cfg(feature = "test-hooks")]
-            publish_hook: std::sync::OnceLock::new(),
-            remote: std::sync::OnceLock::new(),
-            _home_lock: lock,
+            publish_hook,
+            remote,
+            _home_lock: home_lock,
             volumes,
             transfers: tokio_util::task::TaskTracker::new(),
             operations: tokio_util::task::TaskTracker::new(),
@@ -263,7 +253,7 @@ impl SandboxManager {
                 self.used_fetched(&snap.id);
                 return Ok(Source::Snapshot(snap));
             }
-            let Some(remote) = self.remote.get().filter(|_| !fetched) else {
+            let Some(remote) = self.remote.as_ref().filter(|_| !fetched) else {
                 break;
             };
             if let Some(t) = remote.serve_template(&self.repo()?, name).await? {
@@ -283,7 +273,7 @@ impl SandboxManager {
 
     /// The object-store tier, if one is configured.
     pub fn remote(&self) -> Option<&Arc<siesta_tier::RemoteTier>> {
-        self.remote.get()
+        self.remote.as_ref()
     }
 
     /// Records a freshly resumed sandbox and starts tracking it.
@@ -336,43 +326,11 @@ impl SandboxManager {
         self.store.live_tokens()
     }
 
-    /// Has every publication of this manager (pauses, snapshots) run
-    /// `hook` at each step; tests use it to make a publication slow or stop
-    /// it. Only the first call takes effect.
-    #[cfg(feature = "test-hooks")]
-    pub fn set_publish_hook(&self, hook: siesta_snapshot::repo::PublishHook) {
-        let _ = self.publish_hook.set(hook);
-    }
-
-    /// Gives the manager the node's object store: a create that names a
-    /// template or snapshot not here fetches it from there first. Only the
-    /// first call takes effect.
-    pub fn set_remote(&self, remote: siesta_tier::RemoteTier) {
-        let config = &self.node.config;
-        let remote = match remote.cache() {
-            Some(_) => remote,
-            None => remote.with_cache(siesta_tier::fetch_cache::FetchCache::new(
-                config.layout().fetched(),
-                config.fetch_cache_mib << 20,
-            )),
-        };
-        let remote = match remote.lazy() {
-            Some(_) => remote,
-            None if !config.lazy_fetch => remote,
-            None => match siesta_tier::lazy::LazyTier::mount(&config.layout().lazy()) {
-                Ok(lazy) => remote.with_lazy(lazy),
-                Err(e) => {
-                    tracing::warn!("templates from the object store are fetched whole: {e}");
-                    remote
-                }
-            },
-        };
-        let _ = self.remote.set(Arc::new(remote));
-    }
-
     /// Reports every committed row change (and first every row there is)
     /// to `observer`: the cluster directory's way in. Only the first call
-    /// takes effect.
+    /// takes effect. The one thing not given through the builder: the
+    /// cluster's directory is made from the opened manager (it reconciles
+    /// against its rows), so it can only be attached afterwards.
     pub fn set_row_observer(&self, observer: Arc<dyn crate::store::RowObserver>) -> Result<()> {
         self.store.set_observer(observer)?;
         Ok(())
@@ -380,7 +338,7 @@ impl SandboxManager {
 
     #[cfg(feature = "test-hooks")]
     pub(crate) fn publish_hook(&self) -> Option<siesta_snapshot::repo::PublishHook> {
-        self.publish_hook.get().cloned()
+        self.publish_hook.clone()
     }
 
     /// How many sandboxes are in each state (for the metrics' gauges).

@@ -22,7 +22,7 @@ use common::{assets_dir, can_run_vms, netns_names, new_namespaces, node_config};
 
 use futures::FutureExt;
 use siesta_sandbox::{CreateRequest, Node, SandboxManager};
-use siesta_snapshot::repo::PublishStep;
+use siesta_snapshot::repo::{PublishHook, PublishStep};
 use siesta_snapshot::RepoError;
 use siesta_template::{build_template, BuildOptions};
 
@@ -41,8 +41,11 @@ async fn a_stalled_publication_leaves_the_async_threads_free() {
     let ours = format!("siesta-{}-", config.net_tag);
     let netns_before = netns_names();
     let node = Node::start(config).await.expect("node starts");
-    let manager = SandboxManager::ephemeral(node.clone()).expect("manager");
-    let stall = Stall::install(&manager);
+    let (stall, hook) = Stall::new();
+    let manager = SandboxManager::builder(node.clone())
+        .publish_hook(hook)
+        .ephemeral()
+        .expect("manager");
 
     let outcome = AssertUnwindSafe(scenario(&node, &manager, &stall))
         .catch_unwind()
@@ -106,13 +109,14 @@ struct Stall {
 }
 
 impl Stall {
-    fn install(m: &SandboxManager) -> Self {
+    /// The stall, and the hook that makes a publication wait on it.
+    fn new() -> (Self, PublishHook) {
         let armed = Arc::new(Mutex::new(false));
         let (entered_tx, entered_rx) = mpsc::channel();
         let (release_tx, release_rx) = mpsc::channel::<()>();
         let (entered_tx, release_rx) = (Mutex::new(entered_tx), Mutex::new(release_rx));
         let flag = armed.clone();
-        m.set_publish_hook(Arc::new(move |step| {
+        let hook: PublishHook = Arc::new(move |step| {
             if step != PublishStep::FilesWritten || !std::mem::take(&mut *flag.lock().unwrap()) {
                 return Ok(());
             }
@@ -126,12 +130,13 @@ impl Stall {
                 // Nobody could run the probe: the worker was held.
                 Err(_) => Err(RepoError::Hook(step)),
             }
-        }));
-        Self {
+        });
+        let stall = Self {
             armed,
             entered: Mutex::new(entered_rx),
             release: release_tx,
-        }
+        };
+        (stall, hook)
     }
 
     fn arm(&self) {

@@ -53,9 +53,10 @@ fn create(template: &str) -> CreateRequest {
     }
 }
 
-/// Runs `scenario` with a node in `home` (network tag suffix `suffix`),
-/// then shuts it down and checks that it left no namespace behind.
-async fn with_node<F, Fut>(home: &Path, suffix: char, scenario: F)
+/// Runs `scenario` with a node in `home` (network tag suffix `suffix`)
+/// whose manager has the object store `remote`, then shuts it down and
+/// checks that it left no namespace behind.
+async fn with_node<F, Fut>(home: &Path, suffix: char, remote: Option<RemoteTier>, scenario: F)
 where
     F: FnOnce(Arc<Node>, Arc<SandboxManager>) -> Fut,
     Fut: std::future::Future<Output = ()>,
@@ -64,7 +65,11 @@ where
     let ours = format!("siesta-{}-", config.net_tag);
     let before = netns_names();
     let node = Node::start(config).await.expect("node starts");
-    let manager = SandboxManager::ephemeral(node.clone()).expect("manager");
+    let mut builder = SandboxManager::builder(node.clone());
+    if let Some(remote) = remote {
+        builder = builder.remote(remote);
+    }
+    let manager = builder.ephemeral().expect("manager");
     let outcome = AssertUnwindSafe(scenario(node.clone(), manager.clone()))
         .catch_unwind()
         .await;
@@ -87,7 +92,7 @@ async fn a_node_creates_from_what_only_the_object_store_has() {
     let remote = RemoteRepo::open(&weed.config()).expect("client");
 
     let a = home("siesta-remote-a");
-    with_node(a.path(), 'a', |node, _| async move {
+    with_node(a.path(), 'a', None, |node, _| async move {
         let opts = BuildOptions {
             name: "base".into(),
             image: "base".into(),
@@ -110,12 +115,11 @@ async fn a_node_creates_from_what_only_the_object_store_has() {
     assert!(repo_b.resolve("template:base").is_err(), "B starts empty");
     let config = weed.config();
     let store = remote.clone();
-    let lazy_root = b.path().join("lazy");
-    with_node(b.path(), 'b', |node, m| {
+    let (fill, gate) = tokio::sync::watch::channel(false);
+    let lazy = LazyTier::mount(&b.path().join("lazy")).expect("FUSE mount");
+    let lazy_tier = RemoteTier::new(store.clone()).with_lazy(lazy.with_fill_gate(gate));
+    with_node(b.path(), 'b', Some(lazy_tier), |node, m| {
         Box::pin(async move {
-            let (fill, gate) = tokio::sync::watch::channel(false);
-            let lazy = LazyTier::mount(&lazy_root).expect("FUSE mount");
-            m.set_remote(RemoteTier::new(store.clone()).with_lazy(lazy.with_fill_gate(gate)));
             from_the_store(&m, &repo_b, &base_id, fill).await;
             snapshot_shared(&m, &store).await;
             unreachable_store(&node, &repo_b, &config).await;
@@ -126,9 +130,9 @@ async fn a_node_creates_from_what_only_the_object_store_has() {
     drop(b);
 
     let c = home("siesta-remote-c");
-    with_node(c.path(), 'c', |_, m| {
+    let tier_c = RemoteTier::new(remote.clone());
+    with_node(c.path(), 'c', Some(tier_c), |_, m| {
         Box::pin(async move {
-            m.set_remote(RemoteTier::new(remote.clone()));
             let child = m
                 .create(create("stored"))
                 .await
@@ -309,8 +313,10 @@ async fn unreachable_store(node: &Arc<Node>, repo_b: &Repository, config: &S3Con
         .unwrap()
         .port();
     dead.endpoint = format!("http://127.0.0.1:{port}");
-    let m = SandboxManager::ephemeral(node.clone()).expect("manager");
-    m.set_remote(RemoteTier::new(RemoteRepo::open(&dead).unwrap()));
+    let m = SandboxManager::builder(node.clone())
+        .remote(RemoteTier::new(RemoteRepo::open(&dead).unwrap()))
+        .ephemeral()
+        .expect("manager");
     let before = repo_b.list().unwrap().len();
     let err = m.create(create("elsewhere")).await.unwrap_err();
     m.shutdown().await;

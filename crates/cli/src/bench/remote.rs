@@ -149,8 +149,9 @@ async fn sample(
     config.pool_size = 0;
     config.lazy_fetch = lazy;
     let node = Node::start(config).await?;
-    let manager = SandboxManager::ephemeral(node.clone())?;
-    manager.set_remote(RemoteTier::new(remote.clone()));
+    let manager = SandboxManager::builder(node.clone())
+        .remote(RemoteTier::new(remote.clone()))
+        .ephemeral()?;
     if lazy && manager.remote().and_then(|r| r.lazy()).is_none() {
         anyhow::bail!("the lazy-fetch FUSE file system did not mount (see the log)");
     }

@@ -34,7 +34,11 @@ impl Session {
         volumes: Option<Arc<siesta_volume::Volumes>>,
     ) -> anyhow::Result<Self> {
         let node = Node::start(config).await?;
-        let manager = SandboxManager::ephemeral_with_volumes(node.clone(), volumes)?;
+        let mut builder = SandboxManager::builder(node.clone());
+        if let Some(volumes) = volumes {
+            builder = builder.volumes(volumes);
+        }
+        let manager = builder.ephemeral()?;
         Ok(Self { node, manager })
     }
 
