@@ -12,6 +12,8 @@
 //! - [`blocking`]: work kept off the async threads; [`key_locks`]: one
 //!   async lock per key;
 //! - [`node`]: the [`Host`]: VMM backend, network slots, configuration;
+//! - [`tuning`]: the optimisations a node always runs with, which only
+//!   benchmarks turn off;
 //! - [`blob_checks`]: which template blobs were checked against their
 //!   digests.
 
@@ -25,7 +27,9 @@ pub mod key_locks;
 pub mod layout;
 pub mod node;
 pub mod tools;
+pub mod tuning;
 
 pub use config::NodeConfig;
 pub use error::{HostError, Result};
 pub use node::Host;
+pub use tuning::Tuning;

@@ -14,6 +14,7 @@ use siesta_vmm::{AccelChoice, NetSpec, Vmm};
 use crate::blob_checks::BlobChecks;
 use crate::config::{AccelSetting, NodeConfig};
 use crate::error::{HostError as Error, Result};
+use crate::tuning::Tuning;
 use siesta_envd_client::EnvdClient;
 
 /// Kernel command line of every guest: the console, and the guest network
@@ -28,6 +29,8 @@ pub struct Host {
     pub net: SlotPool,
     /// Which template blobs were checked against their digests.
     pub blob_checks: Arc<BlobChecks>,
+    /// The optimisations it runs with (all, but in a benchmark's arms).
+    pub tuning: Tuning,
     /// The parent of this instance's VMM cgroups, removed at shutdown.
     cgroups: Option<siesta_vmm::Cgroups>,
 }
@@ -115,6 +118,12 @@ impl Host {
     /// Starts the node: picks the accelerator, cleans network leftovers of a
     /// crashed run of the same tag and warms the slot pool.
     pub async fn start(config: NodeConfig) -> Result<Self> {
+        Self::start_tuned(config, Tuning::default()).await
+    }
+
+    /// [`Host::start`] with some optimisations off, for a benchmark to
+    /// compare (see [`Tuning`]).
+    pub async fn start_tuned(config: NodeConfig, tuning: Tuning) -> Result<Self> {
         let accel = match config.accel {
             AccelSetting::Auto => AccelChoice::Auto,
             AccelSetting::Kvm => AccelChoice::Kvm,
@@ -122,7 +131,7 @@ impl Host {
         };
         let mut vmm = QemuVmm::new(config.qemu.clone(), accel)
             .map_err(|source| Error::vmm("node", source))?;
-        if config.incoming_kernel_stub {
+        if tuning.incoming_kernel_stub {
             vmm = vmm.with_incoming_kernel_stubs(config.layout().kernel_stubs());
         }
         let cgroups = vmm_cgroups(&config.net_tag);
@@ -163,6 +172,7 @@ impl Host {
             vmm: Arc::new(vmm),
             net,
             blob_checks,
+            tuning,
             cgroups,
         })
     }

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use siesta_host::Host;
+use siesta_host::{Host, Tuning};
 
 use crate::config::NodeConfig;
 use crate::error::Result;
@@ -38,7 +38,13 @@ impl Node {
     /// crashed run of the same tag removed, slot pool warmed), then the
     /// prefetch.
     pub async fn start(config: NodeConfig) -> Result<Arc<Self>> {
-        let host = Host::start(config).await?;
+        Self::start_tuned(config, Tuning::default()).await
+    }
+
+    /// [`Node::start`] with some optimisations off, for a benchmark to
+    /// compare (see [`Tuning`]).
+    pub async fn start_tuned(config: NodeConfig, tuning: Tuning) -> Result<Arc<Self>> {
+        let host = Host::start_tuned(config, tuning).await?;
         let prefetch = crate::memory_prefetch::MemoryPrefetch::with_config(
             host.config.prefetch,
             siesta_snapshot::prefetch::PrefetchConfig {

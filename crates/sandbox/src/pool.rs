@@ -67,13 +67,15 @@ pub struct PoolOptions {
 }
 
 impl PoolOptions {
-    pub fn from_config(config: &crate::NodeConfig) -> Self {
+    /// The options of `host`: its configuration's size and memory
+    /// population, its tuning's policy skip and refill timing.
+    pub fn of_host(host: &siesta_host::Host) -> Self {
         Self {
-            size: config.pool_size,
-            prealloc_memory: config.prealloc_memory,
-            policy_skip: config.policy_skip,
-            refill_after_ready: config.refill_after_ready,
-            refill_when_quiet: config.refill_when_quiet,
+            size: host.config.pool_size,
+            prealloc_memory: host.config.prealloc_memory,
+            policy_skip: host.tuning.policy_skip,
+            refill_after_ready: host.tuning.refill_after_ready,
+            refill_when_quiet: host.tuning.refill_when_quiet,
         }
     }
 }
@@ -149,7 +151,7 @@ pub struct VmmPool {
 impl VmmPool {
     /// A pool configured by the node's configuration.
     pub fn new(node: Arc<Node>) -> Arc<Self> {
-        let options = PoolOptions::from_config(&node.config);
+        let options = PoolOptions::of_host(&node);
         Self::with_options(node, options)
     }
 

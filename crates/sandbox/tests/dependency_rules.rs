@@ -250,6 +250,7 @@ const CRATE_RULES: &[(&str, &[&str])] = &[
             "sandbox",
             "tier",
             "template",
+            "host",
             "envd-client",
             "volume",
             "image",

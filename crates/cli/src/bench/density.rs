@@ -84,12 +84,13 @@ pub async fn run(args: DensityArgs) -> anyhow::Result<ExitCode> {
     let mut arms = Vec::new();
     for &(label, on) in settings {
         let mut config = super::session::bench_config("n")?;
+        let mut tuning = siesta_host::Tuning::default();
         match (args.compare, on) {
-            (Some(DensityCompare::KernelStub), Some(on)) => config.incoming_kernel_stub = on,
+            (Some(DensityCompare::KernelStub), Some(on)) => tuning.incoming_kernel_stub = on,
             (Some(DensityCompare::VmmUsers), Some(on)) => config.vmm_users = on,
             _ => {}
         }
-        let arm = measure_arm(config, &args, label)
+        let arm = measure_arm(config, tuning, &args, label)
             .await
             .with_context(|| format!("arm {label:?}"))?;
         arms.push(arm);
@@ -104,10 +105,11 @@ pub async fn run(args: DensityArgs) -> anyhow::Result<ExitCode> {
 
 async fn measure_arm(
     config: siesta_sandbox::NodeConfig,
+    tuning: siesta_host::Tuning,
     args: &DensityArgs,
     label: &'static str,
 ) -> anyhow::Result<Arm> {
-    let session = Session::start_with(config, None).await?;
+    let session = Session::start_with(config, tuning, None).await?;
     let template = Template::open(&session.node.config.layout(), &args.template)?;
     let mut ids = Vec::new();
     let outcome = measure(&session.manager, &template, args, &mut ids).await;

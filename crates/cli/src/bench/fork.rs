@@ -19,6 +19,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context};
 use serde_json::json;
+use siesta_host::Tuning;
 use siesta_sandbox::{NodeConfig, SandboxManager};
 
 use super::session::{create_pooled, guest_root, Session};
@@ -77,7 +78,7 @@ pub async fn run(args: ForkArgs) -> anyhow::Result<ExitCode> {
         bail!("give at least one sample and --n of 1 or more");
     }
     if args.compare.is_none() {
-        let session = Session::start_with(config(&args, None)?, None).await?;
+        let session = Session::start_with(config(&args)?, Tuning::default(), None).await?;
         let outcome = measure_all(&session.manager, &args).await;
         session.close().await;
         report(&args, &outcome?);
@@ -86,7 +87,13 @@ pub async fn run(args: ForkArgs) -> anyhow::Result<ExitCode> {
     let mut arms: [Measured; 3] = Default::default();
     for i in 0..args.samples {
         for k in (0..3).map(|j| (i + j) % 3) {
-            let session = Session::start_with(config(&args, Some(REFILLS[k].1))?, None).await?;
+            let (after_ready, when_quiet) = REFILLS[k].1;
+            let tuning = Tuning {
+                refill_after_ready: after_ready,
+                refill_when_quiet: when_quiet,
+                ..Tuning::default()
+            };
+            let session = Session::start_with(config(&args)?, tuning, None).await?;
             let outcome = measure_sample(&session.manager, &args, i, &mut arms[k]).await;
             session.close().await;
             outcome?;
@@ -111,16 +118,12 @@ const REFILLS: [(&str, (bool, bool)); 3] = [
     ("refill once no resume is in flight", (true, true)),
 ];
 
-/// The bench node's configuration with `--pool-size` and the arm's refill.
-fn config(args: &ForkArgs, refill: Option<(bool, bool)>) -> anyhow::Result<NodeConfig> {
+/// The bench node's configuration with `--pool-size`.
+fn config(args: &ForkArgs) -> anyhow::Result<NodeConfig> {
     let mut config = super::session::bench_config("n")?;
     if let Some(size) = args.pool_size {
         config.pool_size = size;
         config.warm_slots = size + 2;
-    }
-    if let Some((after_ready, when_quiet)) = refill {
-        config.refill_after_ready = after_ready;
-        config.refill_when_quiet = when_quiet;
     }
     Ok(config)
 }

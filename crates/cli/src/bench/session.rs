@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use anyhow::bail;
 
+use siesta_host::Tuning;
 use siesta_sandbox::sandbox::SandboxInfo;
 use siesta_sandbox::{CreateRequest, Node, NodeConfig, SandboxManager};
 
@@ -25,15 +26,17 @@ impl Session {
     pub async fn start_with_volumes(
         volumes: Option<Arc<siesta_volume::Volumes>>,
     ) -> anyhow::Result<Self> {
-        Self::start_with(bench_config("n")?, volumes).await
+        Self::start_with(bench_config("n")?, Tuning::default(), volumes).await
     }
 
-    /// A session on a node configured by `config` (see [`bench_config`]).
+    /// A session on a node configured by `config` (see [`bench_config`])
+    /// with the optimisations `tuning` leaves on.
     pub async fn start_with(
         config: NodeConfig,
+        tuning: Tuning,
         volumes: Option<Arc<siesta_volume::Volumes>>,
     ) -> anyhow::Result<Self> {
-        let node = Node::start(config).await?;
+        let node = Node::start_tuned(config, tuning).await?;
         let mut builder = SandboxManager::builder(node.clone());
         if let Some(volumes) = volumes {
             builder = builder.volumes(volumes);

@@ -61,10 +61,12 @@ pub struct NodeSection {
     pub prefetch: Option<bool>,
     pub prefetch_pad_kib: Option<u64>,
     pub prealloc_memory: Option<bool>,
-    pub policy_skip: Option<bool>,
-    pub refill_after_ready: Option<bool>,
-    pub refill_when_quiet: Option<bool>,
-    pub incoming_kernel_stub: Option<bool>,
+    /// Retired settings ([`crate::tuning::RETIRED`]): refused, naming
+    /// the key, rather than as unknown fields.
+    pub policy_skip: Option<toml::Value>,
+    pub refill_after_ready: Option<toml::Value>,
+    pub refill_when_quiet: Option<toml::Value>,
+    pub incoming_kernel_stub: Option<toml::Value>,
     pub memory_return: Option<bool>,
     pub vmm_users: Option<bool>,
     pub vmm_uid_base: Option<u32>,
@@ -149,10 +151,16 @@ impl ConfigFile {
         set(&mut config.prefetch, &n.prefetch);
         set(&mut config.prefetch_pad_kib, &n.prefetch_pad_kib);
         set(&mut config.prealloc_memory, &n.prealloc_memory);
-        set(&mut config.policy_skip, &n.policy_skip);
-        set(&mut config.refill_after_ready, &n.refill_after_ready);
-        set(&mut config.refill_when_quiet, &n.refill_when_quiet);
-        set(&mut config.incoming_kernel_stub, &n.incoming_kernel_stub);
+        for (key, value) in [
+            ("policy_skip", &n.policy_skip),
+            ("refill_after_ready", &n.refill_after_ready),
+            ("refill_when_quiet", &n.refill_when_quiet),
+            ("incoming_kernel_stub", &n.incoming_kernel_stub),
+        ] {
+            if value.is_some() {
+                return Err(crate::tuning::retired_message(&format!("node.{key}")));
+            }
+        }
         set(&mut config.memory_return, &n.memory_return);
         set(&mut config.vmm_users, &n.vmm_users);
         set(&mut config.vmm_uid_base, &n.vmm_uid_base);
@@ -241,6 +249,18 @@ mod tests {
         assert_eq!(limits.max_unpacked_bytes, 2 << 30);
         assert_eq!(limits.max_entries, 5000);
         assert_eq!(limits.max_layer_bytes, 16 << 30);
+    }
+
+    #[test]
+    fn a_retired_setting_is_refused_by_name() {
+        for (key, _) in crate::tuning::RETIRED {
+            let file = ConfigFile::parse(&format!("[node]\n{key} = false\n")).unwrap();
+            let err = file.apply(&mut NodeConfig::new("/tmp/h")).unwrap_err();
+            assert!(
+                err.contains(&format!("node.{key}")) && err.contains("no longer a setting"),
+                "{err}"
+            );
+        }
     }
 
     #[test]

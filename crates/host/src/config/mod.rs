@@ -74,22 +74,6 @@ pub struct NodeConfig {
     /// costs each VM a private copy of the template memory instead of a
     /// shared page cache; see `docs/benchmarks.md`).
     pub prealloc_memory: bool,
-    /// Skip re-applying a pooled slot's egress policy when it is already
-    /// the one asked for (`SIESTA_POLICY_SKIP=0|1`, default on).
-    pub policy_skip: bool,
-    /// Top the VMM pool up only once the resume that took a VMM from it is
-    /// ready (`SIESTA_REFILL_AFTER_READY=0|1`, default on): spawning the
-    /// replacement meanwhile takes CPU from that resume.
-    pub refill_after_ready: bool,
-    /// With `refill_after_ready`, also wait until no other resume is in
-    /// flight, at most 2 s (`SIESTA_REFILL_WHEN_QUIET=0|1`, default on): the
-    /// children of a fork, or a burst of creates, resume together.
-    pub refill_when_quiet: bool,
-    /// Start VMMs that restore a snapshot with a stand-in of the guest
-    /// kernel and no initrd (`SIESTA_INCOMING_KERNEL_STUB=0|1`, default on):
-    /// QEMU would hold both whole in every VMM although the restored guest
-    /// never reads them (`siesta_vmm::qemu::kernel_stub`).
-    pub incoming_kernel_stub: bool,
     /// Give the host back the memory idle guests free, by switching on the
     /// kernel's same-page merging with zero pages (`SIESTA_MEMORY_RETURN=0|1`,
     /// default on; `siesta_vmm::memory_return`). Host-wide, left on at exit.
@@ -182,10 +166,6 @@ impl NodeConfig {
             prefetch: true,
             prefetch_pad_kib: 64,
             prealloc_memory: false,
-            policy_skip: true,
-            refill_after_ready: true,
-            refill_when_quiet: true,
-            incoming_kernel_stub: true,
             memory_return: true,
             vmm_users: true,
             vmm_uid_base: siesta_vmm::vmm_users::DEFAULT_UID_BASE,
@@ -213,6 +193,11 @@ impl NodeConfig {
         let mut config = Self::new(&home);
         // The file first: the environment overrides it.
         file::ConfigFile::load(&home)?.apply(&mut config)?;
+        for (_, var) in crate::tuning::RETIRED {
+            if std::env::var_os(var).is_some() {
+                return Err(crate::tuning::retired_message(var));
+            }
+        }
         if let Ok(accel) = std::env::var("SIESTA_ACCEL") {
             config.accel = accel.parse()?;
         }
@@ -281,18 +266,6 @@ impl NodeConfig {
         }
         if let Some(on) = env_flag("SIESTA_PREALLOC")? {
             config.prealloc_memory = on;
-        }
-        if let Some(on) = env_flag("SIESTA_POLICY_SKIP")? {
-            config.policy_skip = on;
-        }
-        if let Some(on) = env_flag("SIESTA_REFILL_AFTER_READY")? {
-            config.refill_after_ready = on;
-        }
-        if let Some(on) = env_flag("SIESTA_REFILL_WHEN_QUIET")? {
-            config.refill_when_quiet = on;
-        }
-        if let Some(on) = env_flag("SIESTA_INCOMING_KERNEL_STUB")? {
-            config.incoming_kernel_stub = on;
         }
         if let Some(on) = env_flag("SIESTA_MEMORY_RETURN")? {
             config.memory_return = on;
