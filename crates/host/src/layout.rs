@@ -81,7 +81,7 @@ impl Layout {
         self.home.join("cache/steps")
     }
     /// Which template blobs were checked against their digests, and when
-    /// (see `template/integrity.rs`).
+    /// (see [`crate::blob_checks`]).
     pub fn verified_blobs(&self) -> PathBuf {
         self.home.join("cache/verified")
     }

@@ -46,10 +46,35 @@ pub const RETIRED: &[(&str, &str)] = &[
     ("refill_when_quiet", "SIESTA_REFILL_WHEN_QUIET"),
 ];
 
+/// Refuses a retired variable that is set (`is_set` looks one up).
+pub fn check_variables(is_set: impl Fn(&str) -> bool) -> Result<(), String> {
+    match RETIRED.iter().find(|(_, var)| is_set(var)) {
+        Some((_, var)) => Err(retired_message(var)),
+        None => Ok(()),
+    }
+}
+
 /// The error for a retired setting found where settings are read.
 pub fn retired_message(name: &str) -> String {
     format!(
         "{name} is no longer a setting: siesta always runs with it on (benchmarks compare it \
          with `siesta bench ... --compare`); remove it"
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_retired_variable_is_refused_by_name() {
+        for (_, var) in RETIRED {
+            let err = check_variables(|v| v == *var).unwrap_err();
+            assert!(
+                err.starts_with(var) && err.contains("no longer a setting"),
+                "{err}"
+            );
+        }
+        assert!(check_variables(|v| v == "SIESTA_PREFETCH").is_ok());
+    }
 }

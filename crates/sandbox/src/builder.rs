@@ -50,7 +50,8 @@ impl ManagerBuilder {
 
     /// The node's object store: a create that names a template or
     /// snapshot not here fetches it from there first. A tier given without
-    /// a cache or lazy serving gets the node's ([`with_node_defaults`]).
+    /// a cache or lazy serving gets the node's (`fetch_cache_mib`, and
+    /// `lazy_fetch` where FUSE works).
     pub fn remote(mut self, remote: RemoteTier) -> Self {
         self.remote = Some(remote);
         self

@@ -35,7 +35,8 @@ pub enum Error {
     #[error("template {template:?} was made by another VMM ({detail}); rebuild it on this node with `siesta template build {template} --force`")]
     Incompatible { template: String, detail: String },
 
-    /// The build VM's agent, or the host side of a build.
+    /// The host side of a build: a VMM, a network slot, a disk, a host
+    /// program.
     #[error(transparent)]
     Host(#[from] siesta_host::HostError),
 

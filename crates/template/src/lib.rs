@@ -64,7 +64,7 @@ pub struct Template {
     pub disk: PathBuf,
     /// The repository record; `None` for a legacy directory template.
     pub snapshot: Option<SnapshotRecord>,
-    /// Its memory and disk are served before they are whole (`lazy/`):
+    /// Its memory and disk are served before they are whole (`siesta_tier::lazy`):
     /// each chunk is checked as it arrives, so the resume neither hashes
     /// them nor prefetches from them.
     pub lazy: bool,
@@ -127,7 +127,7 @@ impl Template {
     }
 
     /// Template snapshot `snap` of `repo` (or about to be in it), its
-    /// files served from the given paths (`lazy.rs`: before it is whole).
+    /// files served from the given paths (`siesta_tier::lazy`: before it is whole).
     pub fn served(
         repo: &Repository,
         snap: SnapshotRecord,

@@ -42,7 +42,8 @@ pub struct DensityArgs {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum DensityCompare {
     /// VMMs that load the whole guest kernel and initrd against VMMs that
-    /// load the kernel's stand-in (`SIESTA_INCOMING_KERNEL_STUB`).
+    /// load the kernel's stand-in (`Tuning::incoming_kernel_stub`, always on
+    /// in a server).
     KernelStub,
     /// VMMs running as the server's user against VMMs that each drop to an
     /// unprivileged user of their own (`SIESTA_VMM_USERS`; root only).

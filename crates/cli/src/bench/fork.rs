@@ -8,8 +8,8 @@
 //!
 //! `--compare refill` runs each sample three times, on nodes whose VMM pool
 //! replaces a VMM a resume took at once, once that resume is ready, and
-//! once no resume is in flight (`SIESTA_REFILL_AFTER_READY`,
-//! `SIESTA_REFILL_WHEN_QUIET`), in an order that rotates per sample; with a
+//! once no resume is in flight (`Tuning::refill_after_ready` and
+//! `Tuning::refill_when_quiet`, both on in a server), in an order that rotates per sample; with a
 //! pool as large as the fork (`--pool-size N`) every child takes a waiting
 //! VMM, and the refills are what differs.
 

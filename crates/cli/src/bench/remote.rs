@@ -1,7 +1,7 @@
 //! `siesta bench resume --from s3`: creates from a template the node does
 //! not have, from the object store (`SIESTA_S3_*`) on that create: fetched
 //! whole first ([`FETCH_CONCURRENCY`] chunks at a time), and served lazily
-//! (the default: resumed before it is whole, `crates/sandbox/src/lazy/`),
+//! (the default: resumed before it is whole, `crates/tier/src/lazy/`),
 //! against creates from the same template once it is in the local (POSIX)
 //! repository, alternating in one run.
 //!

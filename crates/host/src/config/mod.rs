@@ -116,7 +116,7 @@ pub struct NodeConfig {
     /// recently used ones nothing needs go first (`fetch_cache.rs`).
     pub fetch_cache_mib: u64,
     /// Serve a template fetched from the object store before it is whole
-    /// (`SIESTA_LAZY_FETCH=0|1`, default on; `lazy/`).
+    /// (`SIESTA_LAZY_FETCH=0|1`, default on; `siesta_tier::lazy`).
     pub lazy_fetch: bool,
     /// Where sandbox directories go instead of `$SIESTA_HOME/sandboxes`:
     /// set for a manager that is not the server (`siesta bench` uses
@@ -193,11 +193,7 @@ impl NodeConfig {
         let mut config = Self::new(&home);
         // The file first: the environment overrides it.
         file::ConfigFile::load(&home)?.apply(&mut config)?;
-        for (_, var) in crate::tuning::RETIRED {
-            if std::env::var_os(var).is_some() {
-                return Err(crate::tuning::retired_message(var));
-            }
-        }
+        crate::tuning::check_variables(|var| std::env::var_os(var).is_some())?;
         if let Ok(accel) = std::env::var("SIESTA_ACCEL") {
             config.accel = accel.parse()?;
         }
